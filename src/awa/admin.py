@@ -1,0 +1,200 @@
+"""Operator actions on jobs and queues, usable on any psycopg connection.
+
+Each function takes a ``psycopg.Connection`` (and blocks) or a ``psycopg.AsyncConnection``
+(and returns a coroutine), so it also runs inside a caller's transaction::
+
+    job = await awa.admin.cancel(conn, 42)      # asyncio connection
+    job = awa.admin.cancel(sync_conn, 42)       # blocking connection
+
+They change rows only; they never fire lifecycle hooks or follow-up jobs. Actions that do not
+apply (an unknown id, a finished job) return None rather than raising.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from typing import Any
+
+from awa.db import Statement, operation
+from awa.errors import ValidationError
+from awa.insert import unique_key
+from awa.kinds import args_to_json_value, dump_json
+from awa.model import JobRow, JobState, check_name, parse_state
+from awa.sql import query
+
+__all__ = [
+    "QueueStats",
+    "cancel",
+    "cancel_by_unique_key",
+    "discard_failed",
+    "drain_queue",
+    "get_job",
+    "list_jobs",
+    "pause_queue",
+    "queue_stats",
+    "resume_queue",
+    "retry",
+    "retry_failed",
+]
+
+
+def _one_job(rows: list[dict[str, Any]]) -> JobRow | None:
+    return JobRow.from_record(rows[0]) if rows else None
+
+
+def _jobs(rows: list[dict[str, Any]]) -> list[JobRow]:
+    return [JobRow.from_record(row) for row in rows]
+
+
+def _count(rows: list[dict[str, Any]]) -> int:
+    return int(rows[0]["count"])
+
+
+def _job_id(job_id: object) -> int:
+    if isinstance(job_id, bool) or not isinstance(job_id, int):
+        raise ValidationError(f"job id must be an integer, not {type(job_id).__name__}")
+    return job_id
+
+
+@operation
+def get_job(job_id: int) -> Statement[JobRow | None]:
+    """The job with this id, or None."""
+    return Statement(query("get_job"), {"id": _job_id(job_id)}, _one_job)
+
+
+@operation
+def list_jobs(
+    *,
+    state: JobState | str | None = None,
+    kind: str | None = None,
+    queue: str | None = None,
+    limit: int = 100,
+) -> Statement[list[JobRow]]:
+    """Jobs matching every given filter, newest first."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValidationError("limit must be a positive integer")
+    params = {
+        "state": parse_state(state).value if state is not None else None,
+        "kind": kind,
+        "queue": queue,
+        "limit": limit,
+    }
+    return Statement(query("list_jobs"), params, _jobs)
+
+
+@operation
+def cancel(job_id: int) -> Statement[JobRow | None]:
+    """Cancel a job that has not finished; None when it is unknown or already finished."""
+    return Statement(query("cancel_job"), {"id": _job_id(job_id)}, _one_job)
+
+
+@operation
+def cancel_by_unique_key(
+    kind: str,
+    *,
+    args: Any = None,
+    queue: str | None = None,
+    period_bucket: int | None = None,
+) -> Statement[JobRow | None]:
+    """Cancel the oldest unfinished job holding a unique key.
+
+    Pass what the job's unique key covers: ``args`` unless it was inserted with
+    ``by_args=False``, ``queue`` only if ``by_queue=True``, and for ``by_period`` the period
+    number (``awa.insert.period_bucket(period_seconds, run_at)``).
+    """
+    check_name("kind", kind)
+    args_json = (
+        dump_json(args_to_json_value(args), "args", sort_keys=True) if args is not None else None
+    )
+    key = unique_key(kind, queue, args_json, period_bucket)
+    return Statement(query("cancel_by_unique_key"), {"key": key}, _one_job)
+
+
+@operation
+def retry(job_id: int) -> Statement[JobRow | None]:
+    """Run a failed, cancelled or parked job again (attempt reset); None if not eligible."""
+    return Statement(query("retry_job"), {"id": _job_id(job_id)}, _one_job)
+
+
+@operation
+def retry_failed(
+    *, kind: str | None = None, queue: str | None = None
+) -> Statement[list[JobRow]]:
+    """Run every failed job of one kind or one queue again."""
+    if (kind is None) == (queue is None):
+        raise ValidationError("retry_failed() needs exactly one of kind= or queue=")
+    return Statement(query("retry_failed"), {"kind": kind, "queue": queue}, _jobs)
+
+
+@operation
+def discard_failed(kind: str) -> Statement[int]:
+    """Delete every failed job of a kind; returns how many."""
+    return Statement(query("discard_failed"), {"kind": check_name("kind", kind)}, _count)
+
+
+@operation
+def pause_queue(queue: str, *, paused_by: str | None = None) -> Statement[None]:
+    """Stop workers from claiming jobs of this queue (running jobs finish)."""
+    params = {"queue": check_name("queue", queue), "paused_by": paused_by}
+    return Statement(query("pause_queue"), params, lambda rows: None)
+
+
+@operation
+def resume_queue(queue: str) -> Statement[bool]:
+    """Let workers claim this queue again; False if it was not paused."""
+    params = {"queue": check_name("queue", queue)}
+    return Statement(query("resume_queue"), params, lambda rows: bool(rows))
+
+
+@operation
+def drain_queue(queue: str) -> Statement[int]:
+    """Cancel every waiting or parked job of a queue; returns how many."""
+    return Statement(query("drain_queue"), {"queue": check_name("queue", queue)}, _count)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class QueueStats:
+    """Counts by state for one queue, and how long its oldest available job has waited."""
+
+    queue: str
+    counts: dict[JobState, int]
+    oldest_available_at: dt.datetime | None
+    oldest_available_age: float | None
+    paused: bool
+    paused_by: str | None
+
+    def count(self, state: JobState | str) -> int:
+        return self.counts.get(parse_state(state), 0)
+
+    @property
+    def available(self) -> int:
+        return self.count(JobState.AVAILABLE)
+
+    @property
+    def running(self) -> int:
+        return self.count(JobState.RUNNING)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+def _queue_stats(rows: list[dict[str, Any]]) -> list[QueueStats]:
+    return [
+        QueueStats(
+            queue=row["queue"],
+            counts={JobState(state): int(n) for state, n in row["counts"].items()},
+            oldest_available_at=row["oldest_run_at"],
+            oldest_available_age=row["oldest_available_age"],
+            paused=row["paused"],
+            paused_by=row["paused_by"],
+        )
+        for row in rows
+    ]
+
+
+@operation
+def queue_stats() -> Statement[list[QueueStats]]:
+    """One entry per queue that has jobs or operator state."""
+    return Statement(query("queue_stats"), None, _queue_stats)

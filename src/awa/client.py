@@ -1,0 +1,385 @@
+"""The clients: ``AsyncClient`` (producer, admin and worker runtime) and ``Client`` (blocking
+producer and admin).
+
+With no URL, a client uses ``DATABASE_URL``, then the libpq ``PG*`` variables, then the
+embedded server. Connections are opened on first use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import AsyncIterator, Iterable, Iterator
+from types import TracebackType
+from typing import Any, Self, Unpack
+
+import psycopg
+import psycopg_pool
+
+from awa import admin
+from awa.admin import QueueStats
+from awa.db import (
+    DEFAULT_APPLICATION_NAME,
+    async_pool,
+    drive_async,
+    drive_sync,
+    resolve_database_url,
+    sync_pool,
+    translate_errors,
+)
+from awa.insert import InsertKwargs, copy_flow, prepare_job, prepare_many, split_kwargs
+from awa.migrations import migrate_async, migrate_sync
+from awa.model import JobRow, JobState
+from awa.transaction import (
+    SyncTransaction,
+    Transaction,
+    insert_prepared_async,
+    insert_prepared_sync,
+)
+
+
+class AsyncClient:
+    """The asyncio client: inserts, transactions, admin, and (once handlers are registered)
+    the worker runtime.
+
+    ``insert`` keyword arguments: ``kind`` (default: derived from the args class name),
+    ``queue="default"``, ``priority=2`` (1 runs first, 4 last), ``max_attempts=25``,
+    ``tags``, ``metadata``, ``run_at`` (timezone-aware; a future time schedules the job),
+    ``unique_opts`` (``awa.UniqueOpts`` or a dict of its fields), ``ordering_key`` and
+    ``deadline_duration`` (seconds or timedelta per attempt; 0 means none).
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        max_connections: int = 10,
+        application_name: str = DEFAULT_APPLICATION_NAME,
+    ) -> None:
+        if max_connections < 1:
+            raise ValueError("max_connections must be at least 1")
+        self._url = url
+        self._max_connections = max_connections
+        self._application_name = application_name
+        self._pool: psycopg_pool.AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
+        self._pool_lock = asyncio.Lock()
+        self._resolved_url: str | None = None
+
+    async def database_url(self) -> str:
+        """The connection string in use (starting the embedded server if that is the one)."""
+        if self._resolved_url is None:
+            self._resolved_url = await asyncio.to_thread(resolve_database_url, self._url)
+        return self._resolved_url
+
+    async def pool(self) -> psycopg_pool.AsyncConnectionPool[psycopg.AsyncConnection[Any]]:
+        """The connection pool, opened on first use."""
+        if self._pool is None:
+            async with self._pool_lock:
+                if self._pool is None:
+                    pool = async_pool(
+                        await self.database_url(),
+                        min_size=1,
+                        max_size=self._max_connections,
+                        application_name=self._application_name,
+                    )
+                    with translate_errors():
+                        await pool.open(wait=True, timeout=30)
+                    self._pool = pool
+        return self._pool
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """Borrow a pooled connection (autocommit) for statements of your own."""
+        pool = await self.pool()
+        with translate_errors():
+            async with pool.connection() as conn:
+                yield conn
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def migrate(self) -> list[int]:
+        """Create or upgrade the awa schema; returns the migration versions applied."""
+        async with self.connection() as conn:
+            return await migrate_async(conn)
+
+    # Producer -----------------------------------------------------------------------------
+
+    async def insert(self, args: Any, **kwargs: Unpack[InsertKwargs]) -> JobRow:
+        """Insert one job and return its row.
+
+        Raises ValidationError (before touching the database) for bad input and
+        UniqueConflict when ``unique_opts`` finds an existing job.
+        """
+        kind, opts = split_kwargs("insert", kwargs)
+        job = prepare_job(args, kind=kind, opts=opts)
+        async with self.connection() as conn:
+            return (await insert_prepared_async(conn, [job]))[0]
+
+    async def insert_many(
+        self, jobs: Iterable[Any], **kwargs: Unpack[InsertKwargs]
+    ) -> list[JobRow]:
+        """Insert several jobs atomically. Items are args, or ``awa.EnqueueRequest`` to
+        override the shared keyword options for one job."""
+        kind, opts = split_kwargs("insert_many", kwargs)
+        prepared = prepare_many(jobs, kind=kind, opts=opts)
+        async with self.connection() as conn:
+            return await insert_prepared_async(conn, prepared)
+
+    async def insert_many_copy(
+        self, jobs: Iterable[Any], **kwargs: Unpack[InsertKwargs]
+    ) -> list[JobRow]:
+        """Bulk insert with COPY (atomic); same arguments as ``insert_many``."""
+        kind, opts = split_kwargs("insert_many_copy", kwargs)
+        prepared = prepare_many(jobs, kind=kind, opts=opts)
+        async with self.connection() as conn, conn.transaction():
+            return await drive_async(conn, copy_flow(prepared))
+
+    def transaction(self) -> Transaction:
+        """A transaction: ``async with client.transaction() as tx`` or
+        ``tx = await client.transaction()``."""
+
+        async def acquire() -> psycopg.AsyncConnection[Any]:
+            pool = await self.pool()
+            with translate_errors():
+                return await pool.getconn()
+
+        async def release(conn: psycopg.AsyncConnection[Any]) -> None:
+            if self._pool is not None:
+                await self._pool.putconn(conn)
+
+        return Transaction(acquire, release)
+
+    # Admin --------------------------------------------------------------------------------
+
+    async def get_job(self, job_id: int) -> JobRow | None:
+        async with self.connection() as conn:
+            return await admin.get_job(conn, job_id)
+
+    async def list_jobs(
+        self,
+        *,
+        state: JobState | str | None = None,
+        kind: str | None = None,
+        queue: str | None = None,
+        limit: int = 100,
+    ) -> list[JobRow]:
+        async with self.connection() as conn:
+            return await admin.list_jobs(conn, state=state, kind=kind, queue=queue, limit=limit)
+
+    async def cancel(self, job_id: int) -> JobRow | None:
+        async with self.connection() as conn:
+            return await admin.cancel(conn, job_id)
+
+    async def cancel_by_unique_key(
+        self,
+        kind: str,
+        *,
+        args: Any = None,
+        queue: str | None = None,
+        period_bucket: int | None = None,
+    ) -> JobRow | None:
+        async with self.connection() as conn:
+            return await admin.cancel_by_unique_key(
+                conn, kind, args=args, queue=queue, period_bucket=period_bucket
+            )
+
+    async def retry(self, job_id: int) -> JobRow | None:
+        async with self.connection() as conn:
+            return await admin.retry(conn, job_id)
+
+    async def retry_failed(
+        self, *, kind: str | None = None, queue: str | None = None
+    ) -> list[JobRow]:
+        async with self.connection() as conn:
+            return await admin.retry_failed(conn, kind=kind, queue=queue)
+
+    async def discard_failed(self, kind: str) -> int:
+        async with self.connection() as conn:
+            return await admin.discard_failed(conn, kind)
+
+    async def pause_queue(self, queue: str, *, paused_by: str | None = None) -> None:
+        async with self.connection() as conn:
+            await admin.pause_queue(conn, queue, paused_by=paused_by)
+
+    async def resume_queue(self, queue: str) -> bool:
+        async with self.connection() as conn:
+            return await admin.resume_queue(conn, queue)
+
+    async def drain_queue(self, queue: str) -> int:
+        async with self.connection() as conn:
+            return await admin.drain_queue(conn, queue)
+
+    async def queue_stats(self) -> list[QueueStats]:
+        async with self.connection() as conn:
+            return await admin.queue_stats(conn)
+
+
+class Client:
+    """The blocking client for producers and operators (the worker runtime is asyncio-only:
+    use AsyncClient for it). Safe to share between threads."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        max_connections: int = 10,
+        application_name: str = DEFAULT_APPLICATION_NAME,
+    ) -> None:
+        if max_connections < 1:
+            raise ValueError("max_connections must be at least 1")
+        self._url = url
+        self._max_connections = max_connections
+        self._application_name = application_name
+        self._pool: psycopg_pool.ConnectionPool[psycopg.Connection[Any]] | None = None
+        self._pool_lock = threading.Lock()
+
+    def database_url(self) -> str:
+        return resolve_database_url(self._url)
+
+    def pool(self) -> psycopg_pool.ConnectionPool[psycopg.Connection[Any]]:
+        if self._pool is None:
+            with self._pool_lock:
+                if self._pool is None:
+                    pool = sync_pool(
+                        self.database_url(),
+                        min_size=1,
+                        max_size=self._max_connections,
+                        application_name=self._application_name,
+                    )
+                    with translate_errors():
+                        pool.open(wait=True, timeout=30)
+                    self._pool = pool
+        return self._pool
+
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+        with translate_errors(), self.pool().connection() as conn:
+            yield conn
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def migrate(self) -> list[int]:
+        with self.connection() as conn:
+            return migrate_sync(conn)
+
+    def insert(self, args: Any, **kwargs: Unpack[InsertKwargs]) -> JobRow:
+        kind, opts = split_kwargs("insert", kwargs)
+        job = prepare_job(args, kind=kind, opts=opts)
+        with self.connection() as conn:
+            return insert_prepared_sync(conn, [job])[0]
+
+    def insert_many(self, jobs: Iterable[Any], **kwargs: Unpack[InsertKwargs]) -> list[JobRow]:
+        kind, opts = split_kwargs("insert_many", kwargs)
+        prepared = prepare_many(jobs, kind=kind, opts=opts)
+        with self.connection() as conn:
+            return insert_prepared_sync(conn, prepared)
+
+    def insert_many_copy(
+        self, jobs: Iterable[Any], **kwargs: Unpack[InsertKwargs]
+    ) -> list[JobRow]:
+        kind, opts = split_kwargs("insert_many_copy", kwargs)
+        prepared = prepare_many(jobs, kind=kind, opts=opts)
+        with self.connection() as conn, conn.transaction():
+            return drive_sync(conn, copy_flow(prepared))
+
+    def transaction(self) -> SyncTransaction:
+        """``with client.transaction() as tx:`` commits on success, rolls back on error."""
+
+        def acquire() -> psycopg.Connection[Any]:
+            with translate_errors():
+                return self.pool().getconn()
+
+        def release(conn: psycopg.Connection[Any]) -> None:
+            if self._pool is not None:
+                self._pool.putconn(conn)
+
+        return SyncTransaction(acquire, release)
+
+    def get_job(self, job_id: int) -> JobRow | None:
+        with self.connection() as conn:
+            return admin.get_job(conn, job_id)
+
+    def list_jobs(
+        self,
+        *,
+        state: JobState | str | None = None,
+        kind: str | None = None,
+        queue: str | None = None,
+        limit: int = 100,
+    ) -> list[JobRow]:
+        with self.connection() as conn:
+            return admin.list_jobs(conn, state=state, kind=kind, queue=queue, limit=limit)
+
+    def cancel(self, job_id: int) -> JobRow | None:
+        with self.connection() as conn:
+            return admin.cancel(conn, job_id)
+
+    def cancel_by_unique_key(
+        self,
+        kind: str,
+        *,
+        args: Any = None,
+        queue: str | None = None,
+        period_bucket: int | None = None,
+    ) -> JobRow | None:
+        with self.connection() as conn:
+            return admin.cancel_by_unique_key(
+                conn, kind, args=args, queue=queue, period_bucket=period_bucket
+            )
+
+    def retry(self, job_id: int) -> JobRow | None:
+        with self.connection() as conn:
+            return admin.retry(conn, job_id)
+
+    def retry_failed(self, *, kind: str | None = None, queue: str | None = None) -> list[JobRow]:
+        with self.connection() as conn:
+            return admin.retry_failed(conn, kind=kind, queue=queue)
+
+    def discard_failed(self, kind: str) -> int:
+        with self.connection() as conn:
+            return admin.discard_failed(conn, kind)
+
+    def pause_queue(self, queue: str, *, paused_by: str | None = None) -> None:
+        with self.connection() as conn:
+            admin.pause_queue(conn, queue, paused_by=paused_by)
+
+    def resume_queue(self, queue: str) -> bool:
+        with self.connection() as conn:
+            return admin.resume_queue(conn, queue)
+
+    def drain_queue(self, queue: str) -> int:
+        with self.connection() as conn:
+            return admin.drain_queue(conn, queue)
+
+    def queue_stats(self) -> list[QueueStats]:
+        with self.connection() as conn:
+            return admin.queue_stats(conn)

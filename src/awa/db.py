@@ -1,0 +1,221 @@
+"""Connections: where the database is, connection pools, running statements, error mapping."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Coroutine, Generator, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, LiteralString, ParamSpec, TypeVar, overload
+
+import psycopg
+import psycopg_pool
+from psycopg.rows import dict_row
+
+from awa.errors import DatabaseError, SchemaNotMigrated, UniqueConflict, ValidationError
+
+R = TypeVar("R")
+P = ParamSpec("P")
+
+DEFAULT_APPLICATION_NAME = "awa"
+_PG_ENV = ("PGHOST", "PGHOSTADDR", "PGPORT", "PGDATABASE", "PGUSER", "PGSERVICE")
+
+
+def resolve_database_url(url: str | None = None) -> str:
+    """The connection string to use: ``url``, else ``DATABASE_URL``, else the libpq ``PG*``
+    variables, else the embedded server (started on first use)."""
+    if url:
+        return url
+    env_url = os.environ.get("DATABASE_URL")
+    if env_url:
+        return env_url
+    if any(os.environ.get(name) for name in _PG_ENV):
+        return ""  # libpq reads the PG* variables itself
+    from awa.embedded import embedded_database_url
+
+    return embedded_database_url()
+
+
+def connection_kwargs(application_name: str) -> dict[str, Any]:
+    return {"autocommit": True, "application_name": application_name}
+
+
+def async_pool(
+    url: str, *, min_size: int, max_size: int, application_name: str
+) -> psycopg_pool.AsyncConnectionPool[psycopg.AsyncConnection[Any]]:
+    return psycopg_pool.AsyncConnectionPool(
+        url,
+        min_size=min_size,
+        max_size=max_size,
+        kwargs=connection_kwargs(application_name),
+        open=False,
+        name="awa",
+    )
+
+
+def sync_pool(
+    url: str, *, min_size: int, max_size: int, application_name: str
+) -> psycopg_pool.ConnectionPool[psycopg.Connection[Any]]:
+    return psycopg_pool.ConnectionPool(
+        url,
+        min_size=min_size,
+        max_size=max_size,
+        kwargs=connection_kwargs(application_name),
+        open=False,
+        name="awa",
+    )
+
+
+_SCHEMA_ERRORS = (
+    psycopg.errors.UndefinedTable,
+    psycopg.errors.InvalidSchemaName,
+    psycopg.errors.UndefinedFunction,
+    psycopg.errors.UndefinedObject,
+    psycopg.errors.UndefinedColumn,
+)
+
+
+@contextlib.contextmanager
+def translate_errors() -> Iterator[None]:
+    """Re-raise driver errors as awa errors with a message that says what to do."""
+    try:
+        yield
+    except _SCHEMA_ERRORS as error:
+        raise SchemaNotMigrated(
+            f"the awa schema is missing or out of date ({error.diag.message_primary}); "
+            "run `awa migrate` or `await client.migrate()`"
+        ) from error
+    except psycopg.errors.UniqueViolation as error:
+        constraint = error.diag.constraint_name or "unknown"
+        raise UniqueConflict(
+            f"unique constraint {constraint} rejected the change: {error.diag.message_primary}",
+            job_id=None,
+            constraint=constraint,
+        ) from error
+    except psycopg.errors.CheckViolation as error:
+        raise ValidationError(
+            f"the database rejected a value ({error.diag.constraint_name}): "
+            f"{error.diag.message_primary}"
+        ) from error
+    except psycopg_pool.PoolTimeout as error:
+        raise DatabaseError(f"no database connection available: {error}") from error
+    except psycopg.OperationalError as error:
+        raise DatabaseError(f"database unavailable: {error}") from error
+
+
+@dataclass(frozen=True, slots=True)
+class Statement(Generic[R]):
+    """One SQL statement and how to turn its rows (as dicts) into a result."""
+
+    sql: LiteralString
+    params: Mapping[str, Any] | Sequence[Any] | None
+    decode: Callable[[list[dict[str, Any]]], R]
+
+
+@dataclass(frozen=True, slots=True)
+class CopyStatement:
+    """A ``COPY ... FROM STDIN`` and the rows to send; the step's result is None."""
+
+    sql: LiteralString
+    rows: Sequence[Sequence[Any]]
+
+
+# A multi-step database conversation written once, without I/O: the generator yields
+# Statements (and CopyStatements), receives each decoded result, and returns the outcome.
+# drive_async / drive_sync run it on an asyncio or a blocking connection.
+Flow = Generator["Statement[Any] | CopyStatement", Any, R]
+
+
+async def run_async(conn: psycopg.AsyncConnection[Any], statement: Statement[R]) -> R:
+    with translate_errors():
+        async with conn.cursor(row_factory=dict_row) as cursor:
+            await cursor.execute(statement.sql, statement.params)
+            rows = await cursor.fetchall() if cursor.description is not None else []
+    return statement.decode(rows)
+
+
+def run_sync(conn: psycopg.Connection[Any], statement: Statement[R]) -> R:
+    with translate_errors():
+        with conn.cursor(row_factory=dict_row) as cursor:
+            cursor.execute(statement.sql, statement.params)
+            rows = cursor.fetchall() if cursor.description is not None else []
+    return statement.decode(rows)
+
+
+async def drive_async(conn: psycopg.AsyncConnection[Any], flow: Flow[R]) -> R:
+    result: Any = None
+    try:
+        while True:
+            step = flow.send(result)
+            if isinstance(step, CopyStatement):
+                with translate_errors():
+                    async with conn.cursor() as cursor, cursor.copy(step.sql) as copy:
+                        for row in step.rows:
+                            await copy.write_row(row)
+                result = None
+            else:
+                result = await run_async(conn, step)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+def drive_sync(conn: psycopg.Connection[Any], flow: Flow[R]) -> R:
+    result: Any = None
+    try:
+        while True:
+            step = flow.send(result)
+            if isinstance(step, CopyStatement):
+                with translate_errors():
+                    with conn.cursor() as cursor, cursor.copy(step.sql) as copy:
+                        for row in step.rows:
+                            copy.write_row(row)
+                result = None
+            else:
+                result = run_sync(conn, step)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+class Operation(Generic[P, R]):
+    """A database operation that runs on a blocking or an asyncio psycopg connection.
+
+    On an ``AsyncConnection`` the call returns a coroutine; on a ``Connection`` it blocks and
+    returns the result.
+    """
+
+    def __init__(self, build: Callable[P, Statement[R]]) -> None:
+        self.build = build
+        self.__doc__ = build.__doc__
+        self.__name__ = build.__name__
+
+    @overload
+    def __call__(
+        self, conn: psycopg.AsyncConnection[Any], /, *args: P.args, **kwargs: P.kwargs
+    ) -> Coroutine[Any, Any, R]: ...
+
+    @overload
+    def __call__(
+        self, conn: psycopg.Connection[Any], /, *args: P.args, **kwargs: P.kwargs
+    ) -> R: ...
+
+    def __call__(
+        self,
+        conn: psycopg.AsyncConnection[Any] | psycopg.Connection[Any],
+        /,
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> Coroutine[Any, Any, R] | R:
+        statement = self.build(*args, **kwargs)
+        if isinstance(conn, psycopg.AsyncConnection):
+            return run_async(conn, statement)
+        if isinstance(conn, psycopg.Connection):
+            return run_sync(conn, statement)
+        raise TypeError(
+            f"{self.__name__}() needs a psycopg Connection or AsyncConnection, "
+            f"not {type(conn).__name__}"
+        )
+
+
+def operation(build: Callable[P, Statement[R]]) -> Operation[P, R]:
+    """Decorator: turn a statement builder into an Operation."""
+    return Operation(build)

@@ -1,0 +1,43 @@
+"""Exceptions raised by awa."""
+
+from __future__ import annotations
+
+
+class AwaError(Exception):
+    """Base class of every error awa raises on purpose."""
+
+
+class ValidationError(AwaError, ValueError):
+    """Bad input, detected before anything reached the database.
+
+    The message names the field and the rule it broke.
+    """
+
+
+class UniqueConflict(AwaError):
+    """An insert collided with a job holding the same unique key.
+
+    ``job_id`` is the id of the job holding the key (None when it vanished before it could be
+    read back); ``constraint`` is the name of the unique index.
+    """
+
+    def __init__(self, message: str, *, job_id: int | None, constraint: str) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+        self.constraint = constraint
+
+
+class SchemaNotMigrated(AwaError):
+    """The awa schema is missing or older than this version of the package."""
+
+
+class DatabaseError(AwaError):
+    """The database could not be reached or refused a statement."""
+
+
+class TerminalError(AwaError):
+    """Raise from a handler to fail the job now, without further attempts."""
+
+
+class CallbackNotFound(AwaError):
+    """No parked or running job holds this callback id (resolved, stale or unknown)."""

@@ -1,0 +1,360 @@
+"""I/O-free builders for inserts: validation, unique keys and the statements to run.
+
+Everything here turns Python values into SQL text plus parameters; running them is the job of
+the caller (the clients, a Transaction, or a bridged connection), so one builder serves
+psycopg, asyncpg, SQLAlchemy and Django alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import math
+import struct
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, TypedDict
+
+import blake3
+
+from awa.db import CopyStatement, Flow, Statement
+from awa.errors import UniqueConflict, ValidationError
+from awa.kinds import args_to_json_value, dump_json, kind_for
+from awa.model import (
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_PRIORITY,
+    DEFAULT_QUEUE,
+    EnqueueRequest,
+    InsertOpts,
+    JobRow,
+    JobState,
+    UniqueOpts,
+    check_name,
+    check_run_at,
+    to_timedelta,
+)
+from awa.sql import query
+
+UNIQUE_INDEX = "jobs_unique_key_idx"
+
+
+def unique_key(
+    kind: str, queue: str | None, args_json: str | None, bucket: int | None
+) -> bytes:
+    """The 16-byte unique key: BLAKE3 of kind [0 queue] [0 canonical args] [0 bucket i64le]."""
+    hasher = blake3.blake3(kind.encode())
+    if queue is not None:
+        hasher.update(b"\x00" + queue.encode())
+    if args_json is not None:
+        hasher.update(b"\x00" + args_json.encode())
+    if bucket is not None:
+        hasher.update(b"\x00" + struct.pack("<q", bucket))
+    return hasher.digest(length=16)
+
+
+def period_bucket(period_seconds: float, at: dt.datetime | None) -> int:
+    """The number of the period (of the given length) that ``at`` (default: now) falls in."""
+    timestamp = at.timestamp() if at is not None else time.time()
+    return math.floor(timestamp / period_seconds)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PreparedJob:
+    """A validated job, ready for any insert path."""
+
+    kind: str
+    queue: str
+    args: dict[str, Any]
+    args_json: str
+    priority: int
+    max_attempts: int
+    run_at: dt.datetime | None
+    metadata_json: str
+    tags: list[str]
+    unique_key: bytes | None
+    unique_states: int | None
+    ordering_key: bytes | None
+    deadline_duration: dt.timedelta | None
+
+    def recordset_json(self) -> str:
+        """This job as one element of the ``insert_jobs`` JSON array (built without re-encoding
+        args and metadata)."""
+        head = json.dumps(
+            {
+                "kind": self.kind,
+                "queue": self.queue,
+                "priority": self.priority,
+                "max_attempts": self.max_attempts,
+                "run_at": self.run_at.isoformat() if self.run_at else None,
+                "tags": self.tags,
+                "unique_key": self.unique_key.hex() if self.unique_key else None,
+                "unique_states": self.unique_states,
+                "ordering_key": self.ordering_key.hex() if self.ordering_key else None,
+                "deadline_seconds": (
+                    self.deadline_duration.total_seconds()
+                    if self.deadline_duration is not None
+                    else None
+                ),
+            },
+            ensure_ascii=False,
+            separators=(",", ":"),
+        )
+        return f'{head[:-1]},"args":{self.args_json},"metadata":{self.metadata_json}}}'
+
+
+def prepare_job(args: Any, *, kind: str | None, opts: InsertOpts) -> PreparedJob:
+    """Validate one job and turn it into a PreparedJob; raises ValidationError."""
+    if isinstance(args, EnqueueRequest):
+        kind = args.kind_override or kind
+        opts = args.resolve(opts)
+        args = args.args
+    opts.validated()
+    job_kind = check_name("kind", kind_for(args, kind))
+    value = args_to_json_value(args)
+    args_json = dump_json(value, "args")
+    metadata = dict(opts.metadata) if opts.metadata is not None else {}
+    metadata_json = dump_json(metadata, "metadata")
+    run_at = check_run_at(opts.run_at) if opts.run_at is not None else None
+    key: bytes | None = None
+    states: int | None = None
+    unique = UniqueOpts.coerce(opts.unique)
+    if unique is not None:
+        period = unique.period_seconds
+        key = unique_key(
+            job_kind,
+            opts.queue if unique.by_queue else None,
+            dump_json(value, "args", sort_keys=True) if unique.by_args else None,
+            period_bucket(period, run_at) if period is not None else None,
+        )
+        states = unique.mask
+    ordering = opts.ordering_key
+    return PreparedJob(
+        kind=job_kind,
+        queue=opts.queue,
+        args=value,
+        args_json=args_json,
+        priority=opts.priority,
+        max_attempts=opts.max_attempts,
+        run_at=run_at,
+        metadata_json=metadata_json,
+        tags=list(opts.tags),
+        unique_key=key,
+        unique_states=states,
+        ordering_key=ordering.encode() if isinstance(ordering, str) else (
+            bytes(ordering) if ordering is not None else None
+        ),
+        deadline_duration=(
+            to_timedelta(opts.deadline_duration, "deadline_duration")
+            if opts.deadline_duration is not None
+            else None
+        ),
+    )
+
+
+class InsertKwargs(TypedDict, total=False):
+    """The keyword arguments every insert method accepts (see ``AsyncClient.insert``)."""
+
+    kind: str | None
+    queue: str
+    priority: int
+    max_attempts: int
+    tags: Sequence[str] | None
+    metadata: Mapping[str, Any] | None
+    run_at: dt.datetime | None
+    unique_opts: UniqueOpts | Mapping[str, Any] | None
+    ordering_key: bytes | str | None
+    deadline_duration: float | dt.timedelta | None
+
+
+_INSERT_KWARGS = frozenset(InsertKwargs.__annotations__)
+
+
+def split_kwargs(caller: str, kwargs: Mapping[str, Any]) -> tuple[str | None, InsertOpts]:
+    """The kind and InsertOpts named by insert keyword arguments; TypeError for unknown ones."""
+    unknown = sorted(set(kwargs) - _INSERT_KWARGS)
+    if unknown:
+        raise TypeError(
+            f"{caller}() got unexpected keyword argument(s) {', '.join(unknown)}; "
+            f"expected {', '.join(sorted(_INSERT_KWARGS))}"
+        )
+    tags = kwargs.get("tags")
+    opts = InsertOpts(
+        queue=kwargs.get("queue", DEFAULT_QUEUE),
+        priority=kwargs.get("priority", DEFAULT_PRIORITY),
+        max_attempts=kwargs.get("max_attempts", DEFAULT_MAX_ATTEMPTS),
+        tags=() if tags is None else tags,
+        metadata=kwargs.get("metadata"),
+        run_at=kwargs.get("run_at"),
+        unique=UniqueOpts.coerce(kwargs.get("unique_opts")),
+        ordering_key=kwargs.get("ordering_key"),
+        deadline_duration=kwargs.get("deadline_duration"),
+    )
+    return kwargs.get("kind"), opts
+
+
+def prepare_many(jobs: Iterable[Any], *, kind: str | None, opts: InsertOpts) -> list[PreparedJob]:
+    """Prepare a batch; items are args or EnqueueRequests overriding the shared options."""
+    if isinstance(jobs, Mapping | str | bytes):
+        raise ValidationError("insert_many() takes a list of jobs")
+    prepared = []
+    for index, item in enumerate(jobs):
+        try:
+            prepared.append(prepare_job(item, kind=kind, opts=opts))
+        except ValidationError as error:
+            raise ValidationError(f"job {index}: {error}") from None
+    return prepared
+
+
+# Rows per statement when a batch goes through the INSERT path.
+INSERT_CHUNK = 5000
+
+
+def insert_flow(jobs: Sequence[PreparedJob]) -> Flow[list[JobRow]]:
+    """Insert jobs; raise UniqueConflict naming the holder when a unique key is taken.
+
+    Several jobs with unique keys must run inside a transaction (or savepoint) so that a
+    conflict undoes the rows that did go in.
+    """
+    inserted: list[dict[str, Any]] = []
+    for start in range(0, len(jobs), INSERT_CHUNK):
+        chunk = jobs[start : start + INSERT_CHUNK]
+        payload = "[" + ",".join(job.recordset_json() for job in chunk) + "]"
+        rows = yield Statement(query("insert_jobs"), {"jobs": payload}, _rows)
+        missing = missing_unique_keys(chunk, rows)
+        if missing:
+            holders = yield Statement(
+                query("unique_key_holders"), {"keys": missing}, _holders
+            )
+            raise unique_conflict(chunk, missing, holders)
+        inserted.extend(rows)
+    return rows_to_jobs(inserted)
+
+
+def copy_flow(jobs: Sequence[PreparedJob]) -> Flow[list[JobRow]]:
+    """Bulk insert with COPY; run it inside a transaction. Batches holding unique jobs take
+    the INSERT path, which can skip and report duplicates."""
+    if any(job.unique_key is not None for job in jobs):
+        return (yield from insert_flow(jobs))
+    if not jobs:
+        return []
+    reserved = yield Statement(query("copy_reserve_ids"), {"count": len(jobs)}, _first)
+    now: dt.datetime = reserved["now"]
+    ids: list[int] = reserved["ids"]
+    yield CopyStatement(
+        query("copy_jobs"),
+        [copy_row(job, job_id, now) for job, job_id in zip(jobs, ids, strict=True)],
+    )
+    return [copied_job(job, job_id, now) for job, job_id in zip(jobs, ids, strict=True)]
+
+
+def needs_transaction(jobs: Sequence[PreparedJob]) -> bool:
+    """Whether inserting these jobs takes more than one atomic statement."""
+    return len(jobs) > INSERT_CHUNK or (
+        len(jobs) > 1 and any(job.unique_key is not None for job in jobs)
+    )
+
+
+def _rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return rows
+
+
+def _first(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return rows[0]
+
+
+def _holders(rows: list[dict[str, Any]]) -> dict[bytes, int]:
+    return {bytes(row["unique_key"]): int(row["id"]) for row in rows}
+
+
+def missing_unique_keys(
+    jobs: Sequence[PreparedJob], inserted: Sequence[Mapping[str, Any]]
+) -> list[bytes]:
+    """Unique keys that were requested but not inserted (held by another job)."""
+    if len(inserted) == len(jobs):
+        return []
+    got = {bytes(row["unique_key"]) for row in inserted if row["unique_key"] is not None}
+    return [
+        job.unique_key
+        for job in jobs
+        if job.unique_key is not None and job.unique_key not in got
+    ]
+
+
+def unique_conflict(
+    jobs: Sequence[PreparedJob], missing: Sequence[bytes], holders: Mapping[bytes, int]
+) -> UniqueConflict:
+    key = missing[0]
+    job = next(job for job in jobs if job.unique_key == key)
+    holder = holders.get(key)
+    holder_text = f"job {holder}" if holder is not None else "another job"
+    return UniqueConflict(
+        f"a {job.kind!r} job with the same unique key already exists: {holder_text} holds "
+        f"key {key.hex()} ({UNIQUE_INDEX})",
+        job_id=holder,
+        constraint=UNIQUE_INDEX,
+    )
+
+
+def rows_to_jobs(rows: Iterable[Mapping[str, Any]]) -> list[JobRow]:
+    return sorted((JobRow.from_record(row) for row in rows), key=lambda job: job.id)
+
+
+def copy_row(
+    job: PreparedJob, job_id: int, now: dt.datetime
+) -> tuple[Any, ...]:
+    """One row of the ``copy_jobs`` COPY (jobs with unique keys take the insert path)."""
+    run_at = job.run_at or now
+    state = JobState.SCHEDULED if run_at > now else JobState.AVAILABLE
+    return (
+        job_id,
+        job.kind,
+        job.queue,
+        job.args_json,
+        state.value,
+        job.priority,
+        job.max_attempts,
+        run_at,
+        now,
+        job.metadata_json,
+        job.tags,
+        job.ordering_key,
+        job.deadline_duration,
+    )
+
+
+def copied_job(job: PreparedJob, job_id: int, now: dt.datetime) -> JobRow:
+    """The row a COPY wrote, rebuilt locally instead of read back."""
+    run_at = job.run_at or now
+    return JobRow(
+        id=job_id,
+        kind=job.kind,
+        queue=job.queue,
+        args=job.args,
+        state=JobState.SCHEDULED if run_at > now else JobState.AVAILABLE,
+        priority=job.priority,
+        attempt=0,
+        max_attempts=job.max_attempts,
+        run_lease=0,
+        run_at=run_at,
+        created_at=now,
+        attempted_at=None,
+        finalized_at=None,
+        heartbeat_at=None,
+        deadline_at=None,
+        deadline_duration=job.deadline_duration,
+        errors=[],
+        metadata=json.loads(job.metadata_json),
+        tags=list(job.tags),
+        unique_key=None,
+        unique_states=None,
+        ordering_key=job.ordering_key,
+        callback_id=None,
+        callback_timeout_at=None,
+        callback_filter=None,
+        callback_on_complete=None,
+        callback_on_fail=None,
+        callback_transform=None,
+        progress=None,
+        output=None,
+    )

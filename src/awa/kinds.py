@@ -1,0 +1,120 @@
+"""Job kinds and the conversion of job args to and from JSON.
+
+Args may be a dataclass instance, a pydantic model or a dict. Dataclasses and other annotated
+types go through pydantic's TypeAdapter, so nested dataclasses, datetimes, UUIDs and enums
+round-trip instead of coming back as strings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import re
+from collections.abc import Mapping
+from typing import Any, TypeVar, cast
+
+import pydantic
+
+from awa.errors import ValidationError
+
+T = TypeVar("T")
+
+_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
+
+
+def derive_kind(name: str) -> str:
+    """The kind of an args class from its name: ``SMTPEmail`` -> ``smtp_email``.
+
+    An underscore goes before an uppercase letter that follows a lowercase letter or digit,
+    and before an uppercase letter that follows another and precedes a lowercase one.
+    """
+    return _BOUNDARY.sub("_", name).lower()
+
+
+def kind_for(args: object, kind: str | None) -> str:
+    """The kind to insert ``args`` under: the explicit one, else derived from its class."""
+    if kind is not None:
+        return kind
+    if isinstance(args, Mapping):
+        raise ValidationError(
+            "kind is required when args is a plain dict: pass kind='...' "
+            "(a class's kind is derived from its name)"
+        )
+    return derive_kind(type(args).__name__)
+
+
+@functools.cache
+def _adapter(args_type: type[Any]) -> pydantic.TypeAdapter[Any]:
+    return pydantic.TypeAdapter(args_type)
+
+
+def args_to_json_value(args: object) -> dict[str, Any]:
+    """Convert job args to a JSON object (a dict of JSON values)."""
+    try:
+        if isinstance(args, pydantic.BaseModel):
+            value: object = args.model_dump(mode="json")
+        elif dataclasses.is_dataclass(args) and not isinstance(args, type):
+            value = _adapter(type(args)).dump_python(args, mode="json")
+        elif isinstance(args, Mapping):
+            value = args
+        else:
+            raise ValidationError(
+                "job args must be a dataclass instance, a pydantic model or a dict, "
+                f"not {type(args).__name__}"
+            )
+    except pydantic.PydanticSerializationError as error:
+        raise ValidationError(f"job args cannot be converted to JSON: {error}") from None
+    return cast(dict[str, Any], value)
+
+
+def decode_args(args_type: type[T] | None, value: Any) -> T:
+    """Build ``args_type`` from the stored JSON args (``dict``/None returns the JSON)."""
+    if args_type is None or args_type is dict or args_type is Any:
+        return cast(T, value)
+    if isinstance(args_type, type) and issubclass(args_type, pydantic.BaseModel):
+        return cast(T, args_type.model_validate(value))
+    return cast(T, _adapter(args_type).validate_python(value))
+
+
+def dump_json(value: object, field: str, *, sort_keys: bool = False) -> str:
+    """Serialize to compact JSON, refusing NaN/Infinity and NUL bytes with a clear error."""
+    try:
+        text = json.dumps(
+            value,
+            ensure_ascii=False,
+            separators=(",", ":"),
+            allow_nan=False,
+            sort_keys=sort_keys,
+        )
+    except ValueError as error:
+        raise ValidationError(f"{field} is not valid JSON: {error}") from None
+    except TypeError as error:
+        raise ValidationError(f"{field} cannot be converted to JSON: {error}") from None
+    if "\\u0000" in text and _NUL_ESCAPE.search(text):
+        path = _find_nul(value, field) or field
+        raise ValidationError(f"{path} contains a NUL byte, which Postgres cannot store")
+    return text
+
+
+# A JSON escape \u0000 preceded by an even number of backslashes (an odd number would make
+# it an escaped backslash followed by the literal text "u0000").
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def _find_nul(value: object, path: str) -> str | None:
+    if isinstance(value, str):
+        return path if "\x00" in value else None
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if isinstance(key, str) and "\x00" in key:
+                return f"{path} key {key!r}"
+            found = _find_nul(item, f"{path}[{key!r}]")
+            if found:
+                return found
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            found = _find_nul(item, f"{path}[{index}]")
+            if found:
+                return found
+    return None

@@ -1,0 +1,94 @@
+"""Applying the numbered migrations of ``awa/sql/migrations``.
+
+A run is one transaction holding an advisory lock: concurrent migrators wait for each other,
+and each migration is recorded in ``awa.schema_migrations`` with the schema change it made,
+so a run is all-or-nothing and running it again is a no-op.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from awa.db import translate_errors
+from awa.errors import SchemaNotMigrated
+from awa.sql import Migration, current_version, migrations, query
+
+
+def _pending(applied: set[int]) -> list[Migration]:
+    return [migration for migration in migrations() if migration.version not in applied]
+
+
+async def migrate_async(conn: psycopg.AsyncConnection[Any]) -> list[int]:
+    """Apply pending migrations; returns the versions applied by this call."""
+    with translate_errors():
+        async with conn.transaction():
+            await conn.execute(query("migrate_lock"))
+            await conn.execute(query("migrate_bootstrap"))
+            cursor = await conn.execute(query("migrate_applied_versions"))
+            applied = {row[0] for row in await cursor.fetchall()}
+            todo = _pending(applied)
+            for migration in todo:
+                await conn.execute(migration.sql)
+                await conn.execute(
+                    query("migrate_record"),
+                    {"version": migration.version, "name": migration.name},
+                )
+    return [migration.version for migration in todo]
+
+
+def migrate_sync(conn: psycopg.Connection[Any]) -> list[int]:
+    """Blocking twin of :func:`migrate_async`."""
+    with translate_errors():
+        with conn.transaction():
+            conn.execute(query("migrate_lock"))
+            conn.execute(query("migrate_bootstrap"))
+            applied = {row[0] for row in conn.execute(query("migrate_applied_versions"))}
+            todo = _pending(applied)
+            for migration in todo:
+                conn.execute(migration.sql)
+                conn.execute(
+                    query("migrate_record"),
+                    {"version": migration.version, "name": migration.name},
+                )
+    return [migration.version for migration in todo]
+
+
+def migration_script() -> str:
+    """The whole schema as one SQL script, for review or for applying by other means."""
+    parts = [
+        "-- awa schema, migrations 1 to %d" % current_version(),
+        "BEGIN;",
+        query("migrate_lock") + ";",
+        query("migrate_bootstrap"),
+    ]
+    for migration in migrations():
+        parts.append(f"-- migration {migration.version:04d}_{migration.name}")
+        parts.append(migration.sql.rstrip())
+        parts.append(
+            "INSERT INTO awa.schema_migrations (version, name) VALUES "
+            f"({migration.version}, '{migration.name}') ON CONFLICT DO NOTHING;"
+        )
+    parts.append("COMMIT;")
+    return "\n".join(parts) + "\n"
+
+
+def check_version(found: int | None) -> None:
+    """Raise SchemaNotMigrated unless the schema is at this package's version."""
+    expected = current_version()
+    if found is None:
+        raise SchemaNotMigrated(
+            "the awa schema does not exist in this database; run `awa migrate` "
+            "or `await client.migrate()`"
+        )
+    if found < expected:
+        raise SchemaNotMigrated(
+            f"the awa schema is at version {found}, this package needs {expected}; "
+            "run `awa migrate` or `await client.migrate()`"
+        )
+    if found > expected:
+        raise SchemaNotMigrated(
+            f"the awa schema is at version {found}, newer than this package knows "
+            f"({expected}); upgrade awa-py"
+        )

@@ -1,0 +1,383 @@
+"""Job states, job rows, insert options and their validation."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from enum import StrEnum
+from typing import Any, Generic, TypeVar, cast
+
+from awa.errors import ValidationError
+
+MAX_NAME_LENGTH = 200
+MAX_TAGS = 20
+MIN_PRIORITY, MAX_PRIORITY = 1, 4
+MIN_MAX_ATTEMPTS, MAX_MAX_ATTEMPTS = 1, 1000
+DEFAULT_QUEUE = "default"
+DEFAULT_PRIORITY = 2
+DEFAULT_MAX_ATTEMPTS = 25
+
+
+class JobState(StrEnum):
+    """The eight states of a job; ``str(state)`` is the name stored in the database."""
+
+    SCHEDULED = "scheduled"
+    AVAILABLE = "available"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    RETRYABLE = "retryable"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    WAITING_EXTERNAL = "waiting_external"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in _TERMINAL
+
+    @property
+    def bit(self) -> int:
+        """Position of this state in a unique-states mask (matches ``awa.state_bit``)."""
+        return _BITS[self]
+
+
+_TERMINAL = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED})
+_BITS = {state: index for index, state in enumerate(JobState)}
+TERMINAL_STATES: frozenset[JobState] = _TERMINAL
+
+DEFAULT_UNIQUE_STATES: frozenset[JobState] = frozenset(
+    {
+        JobState.SCHEDULED,
+        JobState.AVAILABLE,
+        JobState.RUNNING,
+        JobState.COMPLETED,
+        JobState.RETRYABLE,
+    }
+)
+
+
+def parse_state(value: JobState | str) -> JobState:
+    try:
+        return JobState(value)
+    except ValueError:
+        names = ", ".join(state.value for state in JobState)
+        raise ValidationError(f"unknown job state {value!r}; expected one of: {names}") from None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class UniqueOpts:
+    """How an insert is deduplicated.
+
+    The unique key covers the kind, plus the args (``by_args``), the queue (``by_queue``) and
+    the time period the job is scheduled in (``by_period``, a period length: two jobs whose
+    run_at, or insert time, fall in the same period collide). A job holds its key while its
+    state is in ``states``; leaving those states frees the key.
+    """
+
+    by_args: bool = True
+    by_queue: bool = False
+    by_period: float | dt.timedelta | None = None
+    states: frozenset[JobState] = DEFAULT_UNIQUE_STATES
+
+    def __post_init__(self) -> None:
+        if self.by_period is not None:
+            seconds = _seconds(self.by_period, "unique_opts.by_period")
+            if seconds <= 0:
+                raise ValidationError("unique_opts.by_period must be a positive period length")
+        states = self.states
+        if isinstance(states, int):
+            states = _states_from_mask(states)
+        object.__setattr__(self, "states", frozenset(parse_state(s) for s in states))
+
+    @property
+    def period_seconds(self) -> float | None:
+        if self.by_period is None:
+            return None
+        return _seconds(self.by_period, "unique_opts.by_period")
+
+    @property
+    def mask(self) -> int:
+        mask = 0
+        for state in self.states:
+            mask |= 1 << state.bit
+        return mask
+
+    @classmethod
+    def coerce(cls, value: UniqueOpts | Mapping[str, Any] | None) -> UniqueOpts | None:
+        """Accept a UniqueOpts, a dict of its fields (``{}`` means the defaults) or None."""
+        if value is None or isinstance(value, UniqueOpts):
+            return value
+        if not isinstance(value, Mapping):
+            raise ValidationError(
+                f"unique_opts must be a dict or awa.UniqueOpts, not {type(value).__name__}"
+            )
+        known = {field.name for field in dataclasses.fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValidationError(
+                f"unique_opts has unknown key(s) {unknown}; expected {sorted(known)}"
+            )
+        return cls(**dict(value))
+
+
+def _states_from_mask(mask: int) -> frozenset[JobState]:
+    if not 0 <= mask <= 255:
+        raise ValidationError("unique_opts.states bitmask must be between 0 and 255")
+    return frozenset(state for state in JobState if mask & (1 << state.bit))
+
+
+def _seconds(value: float | dt.timedelta, field: str) -> float:
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValidationError(f"{field} must be a number of seconds or a timedelta")
+    if not math.isfinite(value):
+        raise ValidationError(f"{field} must be finite")
+    return float(value)
+
+
+def to_timedelta(value: float | dt.timedelta, field: str) -> dt.timedelta:
+    seconds = _seconds(value, field)
+    if seconds < 0:
+        raise ValidationError(f"{field} must not be negative")
+    return dt.timedelta(seconds=seconds)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class InsertOpts:
+    """Every per-job option of an insert, with the defaults of ``insert()``."""
+
+    queue: str = DEFAULT_QUEUE
+    priority: int = DEFAULT_PRIORITY
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    tags: Sequence[str] = ()
+    metadata: Mapping[str, Any] | None = None
+    run_at: dt.datetime | None = None
+    unique: UniqueOpts | None = None
+    ordering_key: bytes | str | None = None
+    deadline_duration: float | dt.timedelta | None = None
+
+    def validated(self) -> InsertOpts:
+        """Check every option against its limit; returns self or raises ValidationError."""
+        check_name("queue", self.queue)
+        check_int_range("priority", self.priority, MIN_PRIORITY, MAX_PRIORITY)
+        check_int_range("max_attempts", self.max_attempts, MIN_MAX_ATTEMPTS, MAX_MAX_ATTEMPTS)
+        check_tags(self.tags)
+        if self.metadata is not None and not isinstance(self.metadata, Mapping):
+            raise ValidationError(
+                f"metadata must be a dict, not {type(self.metadata).__name__}"
+            )
+        if self.run_at is not None:
+            check_run_at(self.run_at)
+        if self.unique is not None and not isinstance(self.unique, UniqueOpts):
+            raise ValidationError("unique must be an awa.UniqueOpts")
+        if self.ordering_key is not None and not isinstance(
+            self.ordering_key, bytes | bytearray | str
+        ):
+            raise ValidationError("ordering_key must be bytes or str")
+        if self.deadline_duration is not None:
+            to_timedelta(self.deadline_duration, "deadline_duration")
+        return self
+
+
+def check_name(field: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise ValidationError(f"{field} must be a string, not {type(value).__name__}")
+    if not value:
+        raise ValidationError(f"{field} must not be empty")
+    if len(value) > MAX_NAME_LENGTH:
+        raise ValidationError(
+            f"{field} is {len(value)} characters long; the limit is {MAX_NAME_LENGTH}"
+        )
+    if "\x00" in value:
+        raise ValidationError(f"{field} contains a NUL byte, which Postgres cannot store")
+    return value
+
+
+def check_int_range(field: str, value: object, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValidationError(f"{field} must be an integer, not {type(value).__name__}")
+    if not low <= value <= high:
+        raise ValidationError(f"{field} must be between {low} and {high}, got {value}")
+    return value
+
+
+def check_tags(tags: object) -> list[str]:
+    if isinstance(tags, str | bytes) or not isinstance(tags, Iterable):
+        raise ValidationError("tags must be a list of strings")
+    items = list(cast(Iterable[object], tags))
+    if len(items) > MAX_TAGS:
+        raise ValidationError(f"{len(items)} tags given; the limit is {MAX_TAGS}")
+    for tag in items:
+        if not isinstance(tag, str):
+            raise ValidationError(f"tags must be strings, got {type(tag).__name__}")
+        if "\x00" in tag:
+            raise ValidationError(f"tag {tag!r} contains a NUL byte, which Postgres cannot store")
+    return cast(list[str], items)
+
+
+def check_run_at(value: object) -> dt.datetime:
+    if isinstance(value, str):
+        try:
+            value = dt.datetime.fromisoformat(value)
+        except ValueError:
+            raise ValidationError(
+                f"run_at {value!r} is not an ISO 8601 timestamp within years 1-9999"
+            ) from None
+    if not isinstance(value, dt.datetime):
+        raise ValidationError(
+            f"run_at must be a timezone-aware datetime, not {type(value).__name__}"
+        )
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValidationError("run_at must be timezone-aware (naive datetimes are ambiguous)")
+    try:
+        value.astimezone(dt.UTC)
+    except OverflowError:
+        raise ValidationError("run_at must fall within years 1-9999 in UTC") from None
+    return value
+
+
+_UNSET: Any = object()
+A = TypeVar("A")
+
+
+class EnqueueRequest(Generic[A]):
+    """Job args plus the options to insert them with.
+
+    Each setter returns a new request, so requests can be shared and chained::
+
+        awa.EnqueueRequest(WelcomeEmail(user_id=1)).queue("email").priority(1)
+
+    ``with_opts`` replaces every option set before it.
+    """
+
+    __slots__ = ("_args", "_kind", "_opts")
+
+    def __init__(self, args: A, *, kind: str | None = None) -> None:
+        self._args = args
+        self._kind = kind
+        self._opts: dict[str, Any] = {}
+
+    @property
+    def args(self) -> A:
+        return self._args
+
+    @property
+    def kind_override(self) -> str | None:
+        return self._kind
+
+    def _with(self, **changes: Any) -> EnqueueRequest[A]:
+        copy: EnqueueRequest[A] = EnqueueRequest(self._args, kind=self._kind)
+        copy._opts = {**self._opts, **changes}
+        return copy
+
+    def queue(self, queue: str) -> EnqueueRequest[A]:
+        return self._with(queue=queue)
+
+    def priority(self, priority: int) -> EnqueueRequest[A]:
+        return self._with(priority=priority)
+
+    def max_attempts(self, max_attempts: int) -> EnqueueRequest[A]:
+        return self._with(max_attempts=max_attempts)
+
+    def metadata(self, metadata: Mapping[str, Any]) -> EnqueueRequest[A]:
+        return self._with(metadata=metadata)
+
+    def tags(self, tags: Sequence[str]) -> EnqueueRequest[A]:
+        return self._with(tags=tags)
+
+    def unique(
+        self, unique_opts: UniqueOpts | Mapping[str, Any] | None = _UNSET
+    ) -> EnqueueRequest[A]:
+        """Deduplicate by unique key; with no argument, the default UniqueOpts()."""
+        opts = UniqueOpts() if unique_opts is _UNSET else UniqueOpts.coerce(unique_opts)
+        return self._with(unique=opts)
+
+    def run_at(self, run_at: dt.datetime) -> EnqueueRequest[A]:
+        return self._with(run_at=run_at)
+
+    def deadline_duration(self, duration: float | dt.timedelta) -> EnqueueRequest[A]:
+        return self._with(deadline_duration=duration)
+
+    def ordering_key(self, key: bytes | str) -> EnqueueRequest[A]:
+        return self._with(ordering_key=key)
+
+    def with_opts(self, opts: InsertOpts) -> EnqueueRequest[A]:
+        """Replace every option, including ones set earlier in the chain."""
+        if not isinstance(opts, InsertOpts):
+            raise ValidationError("with_opts() takes an awa.InsertOpts")
+        copy: EnqueueRequest[A] = EnqueueRequest(self._args, kind=self._kind)
+        copy._opts = {
+            field.name: getattr(opts, field.name) for field in dataclasses.fields(opts)
+        }
+        return copy
+
+    def resolve(self, defaults: InsertOpts) -> InsertOpts:
+        """The options this request inserts with, over the given defaults."""
+        return dataclasses.replace(defaults, **self._opts) if self._opts else defaults
+
+    def __repr__(self) -> str:
+        opts = ", ".join(f"{key}={value!r}" for key, value in self._opts.items())
+        return f"EnqueueRequest({self._args!r}{', ' + opts if opts else ''})"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobRow:
+    """A snapshot of one job row as committed in the database."""
+
+    id: int
+    kind: str
+    queue: str
+    args: Any
+    state: JobState
+    priority: int
+    attempt: int
+    max_attempts: int
+    run_lease: int
+    run_at: dt.datetime
+    created_at: dt.datetime
+    attempted_at: dt.datetime | None
+    finalized_at: dt.datetime | None
+    heartbeat_at: dt.datetime | None
+    deadline_at: dt.datetime | None
+    deadline_duration: dt.timedelta | None
+    errors: list[dict[str, Any]]
+    metadata: dict[str, Any]
+    tags: list[str]
+    unique_key: bytes | None
+    unique_states: int | None
+    ordering_key: bytes | None
+    callback_id: str | None
+    callback_timeout_at: dt.datetime | None
+    callback_filter: str | None
+    callback_on_complete: str | None
+    callback_on_fail: str | None
+    callback_transform: str | None
+    progress: dict[str, Any] | None
+    output: Any
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> JobRow:
+        """Build from a row of ``awa.jobs`` fetched with a dict row factory."""
+        values = {name: record[name] for name in _JOB_ROW_FIELDS}
+        values["state"] = JobState(values["state"])
+        if values["callback_id"] is not None:
+            values["callback_id"] = str(values["callback_id"])
+        for name in ("unique_key", "ordering_key"):
+            if values[name] is not None:
+                values[name] = bytes(values[name])
+        return cls(**values)
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state.is_terminal
+
+    def __repr__(self) -> str:
+        return (
+            f"JobRow(id={self.id}, kind={self.kind!r}, queue={self.queue!r}, "
+            f"state={self.state.value}, attempt={self.attempt}/{self.max_attempts})"
+        )
+
+
+_JOB_ROW_FIELDS = tuple(field.name for field in dataclasses.fields(JobRow))

@@ -1,0 +1,152 @@
+-- Operator actions. Each is a single statement so that it runs the same way on a blocking
+-- connection, an asyncio connection, or inside a caller's transaction. None of them fire
+-- lifecycle hooks or follow-ups.
+
+-- name: get_job
+SELECT * FROM awa.jobs WHERE id = %(id)s
+
+-- name: list_jobs
+-- Newest first. NULL filters match everything.
+SELECT * FROM awa.jobs
+WHERE (%(state)s::awa.job_state IS NULL OR state = %(state)s::awa.job_state)
+  AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+ORDER BY id DESC
+LIMIT %(limit)s
+
+-- name: cancel_job
+-- Any job that has not finished may be cancelled. The running attempt of a running or parked
+-- job is not interrupted by the database: its later writes miss the state = 'running' guard,
+-- and the awa_cancel notification lets the process that runs it flip job.is_cancelled().
+WITH target AS (
+    SELECT id, state AS prior_state FROM awa.jobs
+    WHERE id = %(id)s AND state NOT IN ('completed', 'failed', 'cancelled')
+    FOR UPDATE
+), cancelled AS (
+    UPDATE awa.jobs AS j
+    SET state = 'cancelled', finalized_at = now(), heartbeat_at = NULL, deadline_at = NULL,
+        callback_id = NULL, callback_timeout_at = NULL, callback_filter = NULL,
+        callback_on_complete = NULL, callback_on_fail = NULL, callback_transform = NULL
+    FROM target
+    WHERE j.id = target.id
+    RETURNING j.*, target.prior_state
+)
+SELECT c.* FROM cancelled AS c
+LEFT JOIN LATERAL (
+    SELECT pg_notify('awa_cancel', json_build_object('job_id', c.id, 'run_lease', c.run_lease)::text)
+    WHERE c.prior_state IN ('running', 'waiting_external')
+) AS n ON true
+
+-- name: cancel_by_unique_key
+-- Cancels the oldest unfinished job holding the key (same effects as cancel_job).
+WITH target AS (
+    SELECT id, state AS prior_state FROM awa.jobs
+    WHERE unique_key = %(key)s AND state NOT IN ('completed', 'failed', 'cancelled')
+    ORDER BY id
+    LIMIT 1
+    FOR UPDATE
+), cancelled AS (
+    UPDATE awa.jobs AS j
+    SET state = 'cancelled', finalized_at = now(), heartbeat_at = NULL, deadline_at = NULL,
+        callback_id = NULL, callback_timeout_at = NULL, callback_filter = NULL,
+        callback_on_complete = NULL, callback_on_fail = NULL, callback_transform = NULL
+    FROM target
+    WHERE j.id = target.id
+    RETURNING j.*, target.prior_state
+)
+SELECT c.* FROM cancelled AS c
+LEFT JOIN LATERAL (
+    SELECT pg_notify('awa_cancel', json_build_object('job_id', c.id, 'run_lease', c.run_lease)::text)
+    WHERE c.prior_state IN ('running', 'waiting_external')
+) AS n ON true
+
+-- name: retry_job
+-- Failed, cancelled and parked jobs run again from a fresh attempt budget. The error
+-- history is kept. Moving back into a unique mask can collide with a newer duplicate, which
+-- raises a unique violation and changes nothing.
+WITH moved AS (
+    UPDATE awa.jobs
+    SET state = 'available', attempt = 0, run_at = now(), finalized_at = NULL,
+        heartbeat_at = NULL, deadline_at = NULL,
+        callback_id = NULL, callback_timeout_at = NULL, callback_filter = NULL,
+        callback_on_complete = NULL, callback_on_fail = NULL, callback_transform = NULL
+    WHERE id = %(id)s AND state IN ('failed', 'cancelled', 'waiting_external')
+    RETURNING *
+)
+SELECT m.* FROM moved AS m
+CROSS JOIN LATERAL (SELECT pg_notify('awa_jobs', m.queue)) AS n
+
+-- name: retry_failed
+WITH moved AS (
+    UPDATE awa.jobs
+    SET state = 'available', attempt = 0, run_at = now(), finalized_at = NULL,
+        heartbeat_at = NULL, deadline_at = NULL
+    WHERE state = 'failed'
+      AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+    RETURNING *
+)
+SELECT m.* FROM moved AS m
+CROSS JOIN LATERAL (SELECT pg_notify('awa_jobs', m.queue)) AS n
+
+-- name: discard_failed
+WITH gone AS (
+    DELETE FROM awa.jobs WHERE state = 'failed' AND kind = %(kind)s RETURNING 1
+)
+SELECT count(*) AS count FROM gone
+
+-- name: pause_queue
+INSERT INTO awa.queues (queue, paused, paused_at, paused_by)
+VALUES (%(queue)s, true, now(), %(paused_by)s)
+ON CONFLICT (queue) DO UPDATE
+SET paused = true, paused_at = now(), paused_by = EXCLUDED.paused_by
+RETURNING queue
+
+-- name: resume_queue
+-- Resuming wakes the queue's workers at once instead of at their next poll.
+WITH resumed AS (
+    UPDATE awa.queues SET paused = false, paused_at = NULL, paused_by = NULL
+    WHERE queue = %(queue)s
+    RETURNING queue
+)
+SELECT r.queue FROM resumed AS r
+CROSS JOIN LATERAL (SELECT pg_notify('awa_jobs', r.queue)) AS n
+
+-- name: drain_queue
+-- Cancels every job of the queue that waits to run (available, scheduled, retryable) or is
+-- parked on a callback. Running jobs finish their attempt.
+WITH drained AS (
+    UPDATE awa.jobs
+    SET state = 'cancelled', finalized_at = now(), heartbeat_at = NULL, deadline_at = NULL,
+        callback_id = NULL, callback_timeout_at = NULL, callback_filter = NULL,
+        callback_on_complete = NULL, callback_on_fail = NULL, callback_transform = NULL
+    WHERE queue = %(queue)s
+      AND state IN ('available', 'scheduled', 'retryable', 'waiting_external')
+    RETURNING 1
+)
+SELECT count(*) AS count FROM drained
+
+-- name: queue_stats
+-- Per queue: counts by state, and the age of the oldest job waiting to be claimed.
+WITH counts AS (
+    SELECT queue, state, count(*) AS n FROM awa.jobs GROUP BY queue, state
+), per_queue AS (
+    SELECT queue, jsonb_object_agg(state, n) AS counts FROM counts GROUP BY queue
+), oldest AS (
+    SELECT queue, min(run_at) AS oldest_run_at
+    FROM awa.jobs WHERE state = 'available' GROUP BY queue
+), names AS (
+    SELECT queue FROM per_queue UNION SELECT queue FROM awa.queues
+)
+SELECT names.queue,
+       COALESCE(per_queue.counts, '{}'::jsonb) AS counts,
+       oldest.oldest_run_at,
+       GREATEST(EXTRACT(EPOCH FROM now() - oldest.oldest_run_at), 0)::double precision
+           AS oldest_available_age,
+       COALESCE(q.paused, false) AS paused,
+       q.paused_by
+FROM names
+LEFT JOIN per_queue ON per_queue.queue = names.queue
+LEFT JOIN oldest ON oldest.queue = names.queue
+LEFT JOIN awa.queues AS q ON q.queue = names.queue
+ORDER BY names.queue

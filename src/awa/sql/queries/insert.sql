@@ -1,0 +1,62 @@
+-- Producer inserts.
+
+-- name: insert_jobs
+-- Inserts every job described by one JSON array (one parameter, so the same statement runs
+-- unchanged through psycopg, asyncpg, SQLAlchemy and Django). A job whose run_at lies in the
+-- future (by the database clock) is scheduled; otherwise it is available at once.
+-- A job whose unique key is already held is skipped (ON CONFLICT DO NOTHING waits for a
+-- concurrent holder to commit, so two producers cannot both insert); the caller compares
+-- the returned rows with what it sent to report the conflict.
+-- Ids come from the identity in input order, so sorting the result by id restores it.
+INSERT INTO awa.jobs (
+    kind, queue, args, state, priority, max_attempts, run_at, metadata, tags,
+    unique_key, unique_states, ordering_key, deadline_duration
+)
+SELECT
+    r.kind,
+    r.queue,
+    r.args,
+    (CASE WHEN r.run_at > now() THEN 'scheduled' ELSE 'available' END)::awa.job_state,
+    r.priority,
+    r.max_attempts,
+    COALESCE(r.run_at, now()),
+    r.metadata,
+    r.tags,
+    decode(r.unique_key, 'hex'),
+    r.unique_states,
+    decode(r.ordering_key, 'hex'),
+    make_interval(secs => r.deadline_seconds)
+FROM jsonb_to_recordset(%(jobs)s::jsonb) AS r(
+    kind text,
+    queue text,
+    args jsonb,
+    priority smallint,
+    max_attempts smallint,
+    run_at timestamptz,
+    metadata jsonb,
+    tags text[],
+    unique_key text,
+    unique_states smallint,
+    ordering_key text,
+    deadline_seconds double precision
+)
+ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL
+    AND awa.unique_key_held(unique_states, state)
+DO NOTHING
+RETURNING *
+
+-- name: unique_key_holders
+SELECT id, unique_key FROM awa.jobs
+WHERE unique_key = ANY(%(keys)s::bytea[]) AND awa.unique_key_held(unique_states, state)
+
+-- name: copy_reserve_ids
+-- Ids and the database clock for a COPY batch, fetched in the COPY's own transaction.
+SELECT now() AS now,
+       array(SELECT nextval(pg_get_serial_sequence('awa.jobs', 'id'))
+             FROM generate_series(1, %(count)s)) AS ids
+
+-- name: copy_jobs
+COPY awa.jobs (
+    id, kind, queue, args, state, priority, max_attempts, run_at, created_at, metadata, tags,
+    ordering_key, deadline_duration
+) FROM STDIN

@@ -1,0 +1,271 @@
+"""Transactions on a client's pool: jobs inserted here exist exactly when the work commits.
+
+``async with client.transaction() as tx`` commits when the block ends normally and rolls back
+when it raises; ``tx = await client.transaction()`` gives the same object for explicit
+``commit()`` / ``rollback()``. Statements take psycopg placeholders (``%s``, or ``%(name)s``
+with one mapping argument) and return rows as dicts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import Any, LiteralString, Self, Unpack, cast
+
+import psycopg
+from psycopg.rows import dict_row
+
+from awa.db import drive_async, drive_sync, translate_errors
+from awa.errors import AwaError
+from awa.insert import (
+    InsertKwargs,
+    PreparedJob,
+    insert_flow,
+    needs_transaction,
+    prepare_job,
+    prepare_many,
+    split_kwargs,
+)
+from awa.model import JobRow
+
+Params = Sequence[Any] | Mapping[str, Any]
+
+
+def _params(args: tuple[Any, ...]) -> Params:
+    if len(args) == 1 and isinstance(args[0], Mapping):
+        return cast(Mapping[str, Any], args[0])
+    return args
+
+
+async def insert_prepared_async(
+    conn: psycopg.AsyncConnection[Any], jobs: Sequence[PreparedJob]
+) -> list[JobRow]:
+    """Insert prepared jobs on a connection (atomically, with a savepoint inside a
+    transaction)."""
+    if needs_transaction(jobs):
+        async with conn.transaction():
+            return await drive_async(conn, insert_flow(jobs))
+    return await drive_async(conn, insert_flow(jobs))
+
+
+def insert_prepared_sync(
+    conn: psycopg.Connection[Any], jobs: Sequence[PreparedJob]
+) -> list[JobRow]:
+    """Blocking twin of :func:`insert_prepared_async`."""
+    if needs_transaction(jobs):
+        with conn.transaction():
+            return drive_sync(conn, insert_flow(jobs))
+    return drive_sync(conn, insert_flow(jobs))
+
+
+class _Finished(AwaError):
+    pass
+
+
+def _finished() -> AwaError:
+    return _Finished("the transaction was already committed or rolled back")
+
+
+class Transaction:
+    """An open transaction on one pooled connection (asyncio)."""
+
+    def __init__(
+        self,
+        acquire: Callable[[], Awaitable[psycopg.AsyncConnection[Any]]],
+        release: Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]],
+    ) -> None:
+        self._acquire = acquire
+        self._release = release
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._block: psycopg.AsyncTransaction | None = None
+        self._done = False
+
+    async def _begin(self) -> Self:
+        if self._conn is None:
+            conn = await self._acquire()
+            try:
+                block = conn.transaction()
+                with translate_errors():
+                    await block.__aenter__()
+            except BaseException:
+                await self._release(conn)
+                raise
+            self._conn, self._block = conn, block
+        return self
+
+    def __await__(self) -> Generator[Any, None, Self]:
+        return self._begin().__await__()
+
+    async def __aenter__(self) -> Self:
+        return await self._begin()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if self._done:
+            return
+        if exc_type is None:
+            await self.commit()
+        else:
+            await self.rollback()
+
+    @property
+    def connection(self) -> psycopg.AsyncConnection[Any]:
+        """The underlying psycopg connection, for statements beyond this API."""
+        if self._conn is None or self._done:
+            raise _finished()
+        return self._conn
+
+    async def insert(self, args: Any, **kwargs: Unpack[InsertKwargs]) -> JobRow:
+        """Insert one job in this transaction (see ``AsyncClient.insert``)."""
+        kind, opts = split_kwargs("insert", kwargs)
+        job = prepare_job(args, kind=kind, opts=opts)
+        return (await insert_prepared_async(self.connection, [job]))[0]
+
+    async def insert_many(
+        self, jobs: Iterable[Any], **kwargs: Unpack[InsertKwargs]
+    ) -> list[JobRow]:
+        """Insert several jobs in this transaction (see ``AsyncClient.insert_many``)."""
+        kind, opts = split_kwargs("insert_many", kwargs)
+        return await insert_prepared_async(
+            self.connection, prepare_many(jobs, kind=kind, opts=opts)
+        )
+
+    async def execute(self, query: str, *params: Any) -> int:
+        """Run a statement; returns the number of rows it affected."""
+        with translate_errors():
+            cursor = await self.connection.execute(cast(LiteralString, query), _params(params))
+        return cursor.rowcount
+
+    async def fetch_all(self, query: str, *params: Any) -> list[dict[str, Any]]:
+        with translate_errors():
+            async with self.connection.cursor(row_factory=dict_row) as cursor:
+                await cursor.execute(cast(LiteralString, query), _params(params))
+                return await cursor.fetchall()
+
+    async def fetch_optional(self, query: str, *params: Any) -> dict[str, Any] | None:
+        rows = await self.fetch_all(query, *params)
+        return rows[0] if rows else None
+
+    async def fetch_one(self, query: str, *params: Any) -> dict[str, Any]:
+        """The first row; raises AwaError when the query returns none."""
+        row = await self.fetch_optional(query, *params)
+        if row is None:
+            raise AwaError("fetch_one(): the query returned no rows")
+        return row
+
+    async def commit(self) -> None:
+        await self._finish(None)
+
+    async def rollback(self) -> None:
+        await self._finish(psycopg.Rollback())
+
+    async def _finish(self, rollback: psycopg.Rollback | None) -> None:
+        if self._done or self._conn is None or self._block is None:
+            raise _finished()
+        self._done = True
+        conn, block = self._conn, self._block
+        try:
+            with translate_errors():
+                if rollback is None:
+                    await block.__aexit__(None, None, None)
+                else:
+                    await block.__aexit__(type(rollback), rollback, None)
+        finally:
+            await self._release(conn)
+
+
+class SyncTransaction:
+    """An open transaction on one pooled connection (blocking)."""
+
+    def __init__(
+        self,
+        acquire: Callable[[], psycopg.Connection[Any]],
+        release: Callable[[psycopg.Connection[Any]], None],
+    ) -> None:
+        conn = acquire()
+        try:
+            block = conn.transaction()
+            with translate_errors():
+                block.__enter__()
+        except BaseException:
+            release(conn)
+            raise
+        self._conn = conn
+        self._block = block
+        self._release = release
+        self._done = False
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if self._done:
+            return
+        if exc_type is None:
+            self.commit()
+        else:
+            self.rollback()
+
+    @property
+    def connection(self) -> psycopg.Connection[Any]:
+        if self._done:
+            raise _finished()
+        return self._conn
+
+    def insert(self, args: Any, **kwargs: Unpack[InsertKwargs]) -> JobRow:
+        kind, opts = split_kwargs("insert", kwargs)
+        job = prepare_job(args, kind=kind, opts=opts)
+        return insert_prepared_sync(self.connection, [job])[0]
+
+    def insert_many(self, jobs: Iterable[Any], **kwargs: Unpack[InsertKwargs]) -> list[JobRow]:
+        kind, opts = split_kwargs("insert_many", kwargs)
+        return insert_prepared_sync(self.connection, prepare_many(jobs, kind=kind, opts=opts))
+
+    def execute(self, query: str, *params: Any) -> int:
+        with translate_errors():
+            cursor = self.connection.execute(cast(LiteralString, query), _params(params))
+        return cursor.rowcount
+
+    def fetch_all(self, query: str, *params: Any) -> list[dict[str, Any]]:
+        with translate_errors():
+            with self.connection.cursor(row_factory=dict_row) as cursor:
+                cursor.execute(cast(LiteralString, query), _params(params))
+                return cursor.fetchall()
+
+    def fetch_optional(self, query: str, *params: Any) -> dict[str, Any] | None:
+        rows = self.fetch_all(query, *params)
+        return rows[0] if rows else None
+
+    def fetch_one(self, query: str, *params: Any) -> dict[str, Any]:
+        row = self.fetch_optional(query, *params)
+        if row is None:
+            raise AwaError("fetch_one(): the query returned no rows")
+        return row
+
+    def commit(self) -> None:
+        self._finish(None)
+
+    def rollback(self) -> None:
+        self._finish(psycopg.Rollback())
+
+    def _finish(self, rollback: psycopg.Rollback | None) -> None:
+        if self._done:
+            raise _finished()
+        self._done = True
+        try:
+            with translate_errors():
+                if rollback is None:
+                    self._block.__exit__(None, None, None)
+                else:
+                    self._block.__exit__(type(rollback), rollback, None)
+        finally:
+            self._release(self._conn)
