@@ -118,9 +118,7 @@ def retry(job_id: int) -> Statement[JobRow | None]:
 
 
 @operation
-def retry_failed(
-    *, kind: str | None = None, queue: str | None = None
-) -> Statement[list[JobRow]]:
+def retry_failed(*, kind: str | None = None, queue: str | None = None) -> Statement[list[JobRow]]:
     """Run every failed job of one kind or one queue again."""
     if (kind is None) == (queue is None):
         raise ValidationError("retry_failed() needs exactly one of kind= or queue=")

@@ -135,10 +135,9 @@ async def run_async(conn: psycopg.AsyncConnection[Any], statement: Statement[R])
 
 
 def run_sync(conn: psycopg.Connection[Any], statement: Statement[R]) -> R:
-    with translate_errors():
-        with conn.cursor(row_factory=dict_row) as cursor:
-            cursor.execute(statement.sql, statement.params)
-            rows = cursor.fetchall() if cursor.description is not None else []
+    with translate_errors(), conn.cursor(row_factory=dict_row) as cursor:
+        cursor.execute(statement.sql, statement.params)
+        rows = cursor.fetchall() if cursor.description is not None else []
     return statement.decode(rows)
 
 
@@ -165,10 +164,9 @@ def drive_sync(conn: psycopg.Connection[Any], flow: Flow[R]) -> R:
         while True:
             step = flow.send(result)
             if isinstance(step, CopyStatement):
-                with translate_errors():
-                    with conn.cursor() as cursor, cursor.copy(step.sql) as copy:
-                        for row in step.rows:
-                            copy.write_row(row)
+                with translate_errors(), conn.cursor() as cursor, cursor.copy(step.sql) as copy:
+                    for row in step.rows:
+                        copy.write_row(row)
                 result = None
             else:
                 result = run_sync(conn, step)

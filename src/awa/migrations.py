@@ -40,25 +40,24 @@ async def migrate_async(conn: psycopg.AsyncConnection[Any]) -> list[int]:
 
 def migrate_sync(conn: psycopg.Connection[Any]) -> list[int]:
     """Blocking twin of :func:`migrate_async`."""
-    with translate_errors():
-        with conn.transaction():
-            conn.execute(query("migrate_lock"))
-            conn.execute(query("migrate_bootstrap"))
-            applied = {row[0] for row in conn.execute(query("migrate_applied_versions"))}
-            todo = _pending(applied)
-            for migration in todo:
-                conn.execute(migration.sql)
-                conn.execute(
-                    query("migrate_record"),
-                    {"version": migration.version, "name": migration.name},
-                )
+    with translate_errors(), conn.transaction():
+        conn.execute(query("migrate_lock"))
+        conn.execute(query("migrate_bootstrap"))
+        applied = {row[0] for row in conn.execute(query("migrate_applied_versions"))}
+        todo = _pending(applied)
+        for migration in todo:
+            conn.execute(migration.sql)
+            conn.execute(
+                query("migrate_record"),
+                {"version": migration.version, "name": migration.name},
+            )
     return [migration.version for migration in todo]
 
 
 def migration_script() -> str:
     """The whole schema as one SQL script, for review or for applying by other means."""
     parts = [
-        "-- awa schema, migrations 1 to %d" % current_version(),
+        f"-- awa schema, migrations 1 to {current_version()}",
         "BEGIN;",
         query("migrate_lock") + ";",
         query("migrate_bootstrap"),

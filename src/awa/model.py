@@ -165,9 +165,7 @@ class InsertOpts:
         check_int_range("max_attempts", self.max_attempts, MIN_MAX_ATTEMPTS, MAX_MAX_ATTEMPTS)
         check_tags(self.tags)
         if self.metadata is not None and not isinstance(self.metadata, Mapping):
-            raise ValidationError(
-                f"metadata must be a dict, not {type(self.metadata).__name__}"
-            )
+            raise ValidationError(f"metadata must be a dict, not {type(self.metadata).__name__}")
         if self.run_at is not None:
             check_run_at(self.run_at)
         if self.unique is not None and not isinstance(self.unique, UniqueOpts):
@@ -308,9 +306,7 @@ class EnqueueRequest(Generic[A]):
         if not isinstance(opts, InsertOpts):
             raise ValidationError("with_opts() takes an awa.InsertOpts")
         copy: EnqueueRequest[A] = EnqueueRequest(self._args, kind=self._kind)
-        copy._opts = {
-            field.name: getattr(opts, field.name) for field in dataclasses.fields(opts)
-        }
+        copy._opts = {field.name: getattr(opts, field.name) for field in dataclasses.fields(opts)}
         return copy
 
     def resolve(self, defaults: InsertOpts) -> InsertOpts:

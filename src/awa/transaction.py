@@ -9,8 +9,9 @@ with one mapping argument) and return rows as dicts.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from types import TracebackType
-from typing import Any, LiteralString, Self, Unpack, cast
+from typing import Any, Self, Unpack, cast
 
 import psycopg
 from psycopg.rows import dict_row
@@ -77,7 +78,7 @@ class Transaction:
         self._acquire = acquire
         self._release = release
         self._conn: psycopg.AsyncConnection[Any] | None = None
-        self._block: psycopg.AsyncTransaction | None = None
+        self._block: AbstractAsyncContextManager[psycopg.AsyncTransaction] | None = None
         self._done = False
 
     async def _begin(self) -> Self:
@@ -137,13 +138,13 @@ class Transaction:
     async def execute(self, query: str, *params: Any) -> int:
         """Run a statement; returns the number of rows it affected."""
         with translate_errors():
-            cursor = await self.connection.execute(cast(LiteralString, query), _params(params))
+            cursor = await self.connection.execute(query, _params(params))
         return cursor.rowcount
 
     async def fetch_all(self, query: str, *params: Any) -> list[dict[str, Any]]:
         with translate_errors():
             async with self.connection.cursor(row_factory=dict_row) as cursor:
-                await cursor.execute(cast(LiteralString, query), _params(params))
+                await cursor.execute(query, _params(params))
                 return await cursor.fetchall()
 
     async def fetch_optional(self, query: str, *params: Any) -> dict[str, Any] | None:
@@ -232,14 +233,13 @@ class SyncTransaction:
 
     def execute(self, query: str, *params: Any) -> int:
         with translate_errors():
-            cursor = self.connection.execute(cast(LiteralString, query), _params(params))
+            cursor = self.connection.execute(query, _params(params))
         return cursor.rowcount
 
     def fetch_all(self, query: str, *params: Any) -> list[dict[str, Any]]:
-        with translate_errors():
-            with self.connection.cursor(row_factory=dict_row) as cursor:
-                cursor.execute(cast(LiteralString, query), _params(params))
-                return cursor.fetchall()
+        with translate_errors(), self.connection.cursor(row_factory=dict_row) as cursor:
+            cursor.execute(query, _params(params))
+            return cursor.fetchall()
 
     def fetch_optional(self, query: str, *params: Any) -> dict[str, Any] | None:
         rows = self.fetch_all(query, *params)

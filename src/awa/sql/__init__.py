@@ -60,7 +60,7 @@ def migrations() -> tuple[Migration, ...]:
                 Migration(
                     version=int(match.group(1)),
                     name=match.group(2),
-                    sql=cast(LiteralString, entry.read_text(encoding="utf-8")),
+                    sql=entry.read_text(encoding="utf-8"),
                 )
             )
     found.sort(key=lambda migration: migration.version)
