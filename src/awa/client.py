@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from types import TracebackType
-from typing import Any, Self, Unpack
+from typing import TYPE_CHECKING, Any, Self, TypeVar, Unpack
 
 import psycopg
 import psycopg_pool
@@ -30,6 +30,7 @@ from awa.db import (
 )
 from awa.insert import InsertKwargs, copy_flow, prepare_job, prepare_many, split_kwargs
 from awa.migrations import migrate_async, migrate_sync
+from awa.errors import AwaError, ValidationError
 from awa.model import JobRow, JobState
 from awa.transaction import (
     SyncTransaction,
@@ -37,6 +38,13 @@ from awa.transaction import (
     insert_prepared_async,
     insert_prepared_sync,
 )
+from awa.worker.registry import TaskRegistry
+
+if TYPE_CHECKING:
+    from awa.worker.runtime import Runtime
+
+H = TypeVar("H", bound=Callable[..., Any])
+QueuesSpec = Iterable[Any] | Mapping[str, int | Mapping[str, Any]] | None
 
 
 class AsyncClient:
@@ -65,6 +73,12 @@ class AsyncClient:
         self._pool: psycopg_pool.AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
         self._pool_lock = asyncio.Lock()
         self._resolved_url: str | None = None
+        self._tasks = TaskRegistry()
+        self._runtime: Runtime | None = None
+
+    @property
+    def application_name(self) -> str:
+        return self._application_name
 
     async def database_url(self) -> str:
         """The connection string in use (starting the embedded server if that is the one)."""
@@ -97,6 +111,9 @@ class AsyncClient:
                 yield conn
 
     async def close(self) -> None:
+        """Shut the worker down if it runs, then close the pool."""
+        if self._runtime is not None:
+            await self.shutdown()
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
@@ -163,6 +180,77 @@ class AsyncClient:
                 await self._pool.putconn(conn)
 
         return Transaction(acquire, release)
+
+    # Worker -------------------------------------------------------------------------------
+
+    def task(
+        self, args_type: type[Any] | None, *, kind: str | None = None, queue: str = "default"
+    ) -> Callable[[H], H]:
+        """Register a handler for jobs of ``args_type`` (kind derived from its name unless
+        given). Use as a decorator; ``async def`` handlers run on the event loop, plain
+        ``def`` handlers in a thread pool. The handler receives an ``awa.Job``."""
+
+        def register(handler: H) -> H:
+            if self._runtime is not None:
+                raise AwaError("register tasks before start()")
+            self._tasks.add(args_type, handler, kind=kind, queue=queue)
+            return handler
+
+        return register
+
+    @property
+    def runtime(self) -> Runtime | None:
+        """The running worker runtime, if ``start()`` was called."""
+        return self._runtime
+
+    async def start(self, queues: QueuesSpec = None, **options: Any) -> None:
+        """Start working ``queues``: ``[("email", 8), ...]`` (name, max handlers at once),
+        a dict ``{"email": 8, "billing": {"max_workers": 2, "deadline_duration": 60}}``
+        with per-queue options (max_workers, poll_interval, deadline_duration,
+        claim_batch_size, prefetch, retry=awa.RetryPolicy(...)), or None for every queue a
+        task declared. ``options`` are runtime settings (see ``awa.RuntimeConfig``)."""
+        from awa.worker.config import RuntimeConfig, parse_queues
+        from awa.worker.runtime import Runtime
+
+        if self._runtime is not None:
+            raise AwaError("the worker is already running")
+        if len(self._tasks) == 0:
+            raise AwaError("register at least one task (@client.task) before start()")
+        configs = parse_queues(queues, self._tasks.queues())
+        missing = sorted(set(self._tasks.queues()) - {config.name for config in configs})
+        if missing:
+            raise ValidationError(
+                f"tasks declare queue(s) {missing} that start() does not run; add them to "
+                "queues (or register those tasks on the queues you run)"
+            )
+        runtime = Runtime(self, self._tasks, configs, RuntimeConfig(**options))
+        await self.pool()
+        self._runtime = runtime
+        try:
+            await runtime.start()
+        except BaseException:
+            self._runtime = None
+            await runtime.shutdown(0)
+            raise
+
+    async def shutdown(self, timeout: float = 30.0) -> None:
+        """Stop the worker: no new claims, running handlers get ``timeout`` seconds, then
+        see ``job.is_cancelled()``; whatever is still running after that is interrupted and
+        requeued. Lifecycle hooks are not waited for."""
+        runtime, self._runtime = self._runtime, None
+        if runtime is not None:
+            await runtime.shutdown(timeout)
+
+    @contextlib.asynccontextmanager
+    async def run(
+        self, queues: QueuesSpec = None, *, shutdown_timeout: float = 30.0, **options: Any
+    ) -> AsyncIterator[Self]:
+        """``async with client.run(queues):`` works the queues for the block's duration."""
+        await self.start(queues, **options)
+        try:
+            yield self
+        finally:
+            await self.shutdown(shutdown_timeout)
 
     # Admin --------------------------------------------------------------------------------
 

@@ -137,11 +137,17 @@ CREATE TABLE awa.queues (
     paused_by text
 );
 
--- Retry backoff: 2^attempt seconds plus up to 25 % jitter, capped at 24 hours.
-CREATE FUNCTION awa.backoff(attempt integer) RETURNS interval
-LANGUAGE sql VOLATILE AS $$
+-- Retry backoff: base^attempt seconds plus up to `jitter` of that again, capped. With the
+-- defaults (2, 0.25, 24 h) attempt 1 waits 2-2.5 s, attempt 2 4-5 s, and so on.
+CREATE FUNCTION awa.retry_delay(
+    attempt integer,
+    base double precision,
+    jitter double precision,
+    max_seconds double precision
+) RETURNS interval
+LANGUAGE sql VOLATILE PARALLEL SAFE AS $$
     SELECT make_interval(secs => least(
-        power(2.0, least(attempt, 30)) * (1 + random() * 0.25),
-        86400.0
-    )::double precision)
+        power(base, least(attempt, 60)) * (1 + random() * jitter),
+        max_seconds
+    ))
 $$;

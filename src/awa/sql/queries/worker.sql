@@ -1,0 +1,177 @@
+-- The worker runtime: claim, heartbeat and the outcome of each attempt.
+--
+-- Every write an attempt makes is guarded by (id, state = 'running', run_lease): a write that
+-- matches nothing is stale (the job was rescued, cancelled or re-claimed) and changes nothing.
+
+-- name: claim_jobs
+-- The selection must be a CTE: as a FROM-subquery the planner may merge it into the UPDATE
+-- and stop honouring the LIMIT. The outer UPDATE re-checks state = 'available' because a row
+-- picked here can be claimed by another worker between the pick and the update when the
+-- lock is released by a concurrent transaction that changed it.
+-- A per-job deadline_duration overrides the queue's; zero means no deadline.
+WITH picked AS (
+    SELECT id FROM awa.jobs
+    WHERE state = 'available' AND queue = %(queue)s AND run_at <= now()
+      AND NOT EXISTS (
+          SELECT 1 FROM awa.queues AS q WHERE q.queue = %(queue)s AND q.paused
+      )
+    ORDER BY priority, run_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE awa.jobs AS j
+SET state = 'running',
+    attempt = j.attempt + 1,
+    run_lease = j.run_lease + 1,
+    attempted_at = now(),
+    heartbeat_at = now(),
+    deadline_at = CASE
+        WHEN COALESCE(j.deadline_duration, %(deadline)s::interval) > interval '0'
+        THEN now() + COALESCE(j.deadline_duration, %(deadline)s::interval)
+    END
+FROM picked
+WHERE j.id = picked.id AND j.state = 'available'
+RETURNING j.id, j.kind, j.queue, j.args, j.priority, j.attempt, j.max_attempts, j.run_lease,
+          j.run_at, j.created_at, j.attempted_at, j.deadline_at, j.errors, j.metadata,
+          j.tags, j.progress
+
+-- name: release_unstarted
+-- Claimed jobs that never reached a handler (shutdown) go back to available, giving back the
+-- attempt the claim took.
+UPDATE awa.jobs AS j
+SET state = 'available', attempt = j.attempt - 1, attempted_at = NULL, heartbeat_at = NULL,
+    deadline_at = NULL
+FROM unnest(%(ids)s::bigint[], %(leases)s::bigint[]) AS t(id, run_lease)
+WHERE j.id = t.id AND j.run_lease = t.run_lease AND j.state = 'running'
+RETURNING j.id
+
+-- name: complete_batch
+-- Completes many attempts in one statement. Rows are locked in id order, the same order the
+-- heartbeat uses, so the two cannot deadlock. Returns the attempts that were applied; the
+-- others were stale.
+WITH attempts AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(leases)s::bigint[]) AS t(id, run_lease)
+), locked AS (
+    SELECT j.id FROM awa.jobs AS j
+    JOIN attempts AS a ON a.id = j.id AND a.run_lease = j.run_lease
+    WHERE j.state = 'running'
+    ORDER BY j.id
+    FOR UPDATE OF j
+)
+UPDATE awa.jobs AS j
+SET state = 'completed', finalized_at = now(), heartbeat_at = NULL, deadline_at = NULL,
+    progress = NULL
+FROM locked
+WHERE j.id = locked.id
+RETURNING j.id, j.run_lease
+
+-- name: complete_job
+UPDATE awa.jobs
+SET state = 'completed', finalized_at = now(), heartbeat_at = NULL, deadline_at = NULL,
+    progress = NULL
+WHERE id = %(id)s AND state = 'running' AND run_lease = %(lease)s
+RETURNING *
+
+-- name: retry_job_attempt
+-- A failed attempt (an exception, or RetryAfter): retryable with a delay while attempts
+-- remain, failed on the last one. An error entry is appended when one is given
+-- (RetryAfter with attempts left records none). delay_seconds NULL means exponential backoff.
+UPDATE awa.jobs
+SET state = CASE WHEN attempt >= max_attempts THEN 'failed' ELSE 'retryable' END::awa.job_state,
+    run_at = CASE WHEN attempt >= max_attempts THEN run_at
+                  WHEN %(delay_seconds)s::double precision IS NULL
+                  THEN now() + awa.retry_delay(attempt, %(base)s, %(jitter)s, %(max_delay)s)
+                  ELSE now() + make_interval(secs => %(delay_seconds)s::double precision) END,
+    finalized_at = now(),
+    heartbeat_at = NULL,
+    deadline_at = NULL,
+    progress = COALESCE(%(progress)s::jsonb, progress),
+    errors = CASE
+        WHEN attempt >= max_attempts THEN errors || jsonb_build_array(jsonb_build_object(
+            'error', COALESCE(%(error)s::text, %(exhausted_error)s::text),
+            'attempt', attempt, 'at', now()))
+        WHEN %(error)s::text IS NULL THEN errors
+        ELSE errors || jsonb_build_array(jsonb_build_object(
+            'error', %(error)s::text, 'attempt', attempt, 'at', now()))
+    END
+WHERE id = %(id)s AND state = 'running' AND run_lease = %(lease)s
+RETURNING *
+
+-- name: fail_job_attempt
+-- A terminal failure: failed now whatever the attempts left.
+UPDATE awa.jobs
+SET state = 'failed', finalized_at = now(), heartbeat_at = NULL, deadline_at = NULL,
+    progress = COALESCE(%(progress)s::jsonb, progress),
+    errors = errors || jsonb_build_array(jsonb_build_object(
+        'error', %(error)s::text, 'attempt', attempt, 'at', now(), 'terminal', true))
+WHERE id = %(id)s AND state = 'running' AND run_lease = %(lease)s
+RETURNING *
+
+-- name: cancel_job_attempt
+UPDATE awa.jobs
+SET state = 'cancelled', finalized_at = now(), heartbeat_at = NULL, deadline_at = NULL,
+    progress = COALESCE(%(progress)s::jsonb, progress),
+    errors = errors || jsonb_build_array(jsonb_build_object(
+        'error', 'cancelled: ' || %(reason)s::text, 'attempt', attempt, 'at', now()))
+WHERE id = %(id)s AND state = 'running' AND run_lease = %(lease)s
+RETURNING *
+
+-- name: snooze_job_attempt
+-- Snooze gives back the attempt the claim took: it is a reschedule, not a failure.
+UPDATE awa.jobs
+SET state = 'scheduled', attempt = attempt - 1,
+    run_at = now() + make_interval(secs => %(delay_seconds)s::double precision),
+    heartbeat_at = NULL, deadline_at = NULL,
+    progress = COALESCE(%(progress)s::jsonb, progress)
+WHERE id = %(id)s AND state = 'running' AND run_lease = %(lease)s
+RETURNING *
+
+-- name: requeue_interrupted
+-- An attempt cut short by worker shutdown goes back to available without consuming the
+-- attempt; the interruption is recorded in the error history.
+UPDATE awa.jobs
+SET state = 'available', attempt = attempt - 1, run_at = now(), heartbeat_at = NULL,
+    deadline_at = NULL, attempted_at = NULL,
+    progress = COALESCE(%(progress)s::jsonb, progress),
+    errors = errors || jsonb_build_array(jsonb_build_object(
+        'error', %(error)s::text, 'attempt', attempt, 'at', now()))
+WHERE id = %(id)s AND state = 'running' AND run_lease = %(lease)s
+RETURNING *
+
+-- name: cancel_duplicate_attempt
+-- Fallback when an outcome would move a job back into its unique mask while a newer job
+-- holds the key: the newer job wins and this one is cancelled, with the reason recorded.
+UPDATE awa.jobs
+SET state = 'cancelled', finalized_at = now(), heartbeat_at = NULL, deadline_at = NULL,
+    errors = errors || jsonb_build_array(jsonb_build_object(
+        'error', %(error)s::text, 'attempt', attempt, 'at', now()))
+WHERE id = %(id)s AND state = 'running' AND run_lease = %(lease)s
+RETURNING *
+
+-- name: heartbeat
+-- Refreshes heartbeat_at of this process's running attempts (and stores progress that
+-- changed). Rows are locked in id order, like complete_batch, to avoid deadlocks.
+WITH beats AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(leases)s::bigint[], %(progress)s::jsonb[])
+        AS t(id, run_lease, progress)
+), locked AS (
+    SELECT j.id, b.progress FROM awa.jobs AS j
+    JOIN beats AS b ON b.id = j.id AND b.run_lease = j.run_lease
+    WHERE j.state = 'running'
+    ORDER BY j.id
+    FOR UPDATE OF j
+)
+UPDATE awa.jobs AS j
+SET heartbeat_at = now(), progress = COALESCE(locked.progress, j.progress)
+FROM locked
+WHERE j.id = locked.id
+RETURNING j.id
+
+-- name: flush_progress
+UPDATE awa.jobs SET progress = %(progress)s::jsonb
+WHERE id = %(id)s AND state = 'running' AND run_lease = %(lease)s
+RETURNING id
+
+-- name: listen_channels
+LISTEN awa_jobs;
+LISTEN awa_cancel

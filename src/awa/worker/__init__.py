@@ -1,0 +1,1 @@
+"""The asyncio worker runtime: claims jobs, runs handlers, commits their outcomes."""

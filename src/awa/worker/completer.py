@@ -1,0 +1,194 @@
+"""Committing outcomes: guarded statements per attempt, and batched completion.
+
+Completions go through a batcher that commits many jobs per statement. Every other outcome
+(and a completion that needs its own transaction) is one guarded statement. A statement that
+matches no row was stale: it changed nothing, and the caller gets None.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import psycopg
+
+from awa.db import Statement, run_async
+from awa.errors import DatabaseError, UniqueConflict
+from awa.job import Job
+from awa.model import JobRow
+from awa.sql import query
+from awa.worker.config import RetryPolicy
+from awa.worker.results import (
+    Cancelled,
+    Completed,
+    Fail,
+    Interrupted,
+    Outcome,
+    Retry,
+    Snoozed,
+)
+
+log = logging.getLogger("awa.worker")
+
+Connect = Callable[[], Awaitable[Any]]
+
+
+def _row(rows: list[dict[str, Any]]) -> JobRow | None:
+    return JobRow.from_record(rows[0]) if rows else None
+
+
+def progress_param(job: Job[Any]) -> str | None:
+    """The progress to store with an outcome: the handler's, or None to keep the row's."""
+    if job._progress_version == 0:
+        return None
+    return json.dumps(job._progress, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+def outcome_statement(
+    job: Job[Any], outcome: Outcome, retry: RetryPolicy
+) -> Statement[JobRow | None]:
+    """The guarded statement that commits ``outcome``; decodes to the new row or None."""
+    guard = {"id": job.id, "lease": job.run_lease}
+    progress = progress_param(job)
+    match outcome:
+        case Completed():
+            return Statement(query("complete_job"), guard, _row)
+        case Retry(error=error, delay=delay, exhausted_error=exhausted):
+            params = {
+                **guard,
+                "error": error,
+                "exhausted_error": exhausted,
+                "delay_seconds": delay,
+                "base": retry.base,
+                "jitter": retry.jitter,
+                "max_delay": retry.max_delay,
+                "progress": progress,
+            }
+            return Statement(query("retry_job_attempt"), params, _row)
+        case Fail(error=error):
+            params = {**guard, "error": error, "progress": progress}
+            return Statement(query("fail_job_attempt"), params, _row)
+        case Cancelled(reason=reason):
+            params = {**guard, "reason": reason, "progress": progress}
+            return Statement(query("cancel_job_attempt"), params, _row)
+        case Snoozed(delay=delay):
+            params = {**guard, "delay_seconds": delay, "progress": progress}
+            return Statement(query("snooze_job_attempt"), params, _row)
+        case Interrupted(error=error):
+            params = {**guard, "error": error, "progress": progress}
+            return Statement(query("requeue_interrupted"), params, _row)
+    raise AssertionError(f"unknown outcome {outcome!r}")
+
+
+def duplicate_cancel_statement(job: Job[Any], error: str) -> Statement[JobRow | None]:
+    params = {"id": job.id, "lease": job.run_lease, "error": error}
+    return Statement(query("cancel_duplicate_attempt"), params, _row)
+
+
+async def commit_outcome(
+    conn: psycopg.AsyncConnection[Any], job: Job[Any], outcome: Outcome, retry: RetryPolicy
+) -> JobRow | None:
+    """Commit one outcome; None when the attempt was stale.
+
+    An outcome that would put the job back into its unique mask while a newer job holds the
+    key cancels this job instead (the newer one wins), so the attempt never wedges.
+    """
+    try:
+        return await run_async(conn, outcome_statement(job, outcome, retry))
+    except UniqueConflict:
+        log.warning(
+            "job %s (%s): outcome collides with a newer job holding its unique key; "
+            "cancelling it",
+            job.id,
+            job.kind,
+        )
+        error = "cancelled: a newer job holds its unique key, so it cannot run again"
+        return await run_async(conn, duplicate_cancel_statement(job, error))
+
+
+class CompletionBatcher:
+    """Collects completions and commits them many at a time.
+
+    A flush starts when ``batch_size`` completions are waiting or ``linger`` seconds after
+    the first one arrived. A flush that fails for a database reason is retried (the jobs stay
+    in flight and keep their heartbeat), so a short outage loses nothing.
+    """
+
+    def __init__(
+        self,
+        connect: Callable[[], Any],
+        *,
+        batch_size: int,
+        linger: float,
+        on_done: Callable[[list[tuple[Job[Any], bool]]], None],
+    ) -> None:
+        self._connect = connect
+        self._batch_size = batch_size
+        self._linger = linger
+        self._on_done = on_done
+        self._pending: list[Job[Any]] = []
+        self._wakeup = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._closing = False
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="awa-completer")
+
+    def add(self, job: Job[Any]) -> None:
+        self._pending.append(job)
+        self._idle.clear()
+        self._wakeup.set()
+
+    async def close(self) -> None:
+        """Flush everything pending, then stop."""
+        self._closing = True
+        self._wakeup.set()
+        if self._task is not None:
+            await self._task
+
+    async def _run(self) -> None:
+        delay = 0.05
+        while True:
+            await self._wakeup.wait()
+            if not self._pending:
+                self._wakeup.clear()
+                self._idle.set()
+                if self._closing:
+                    return
+                continue
+            if len(self._pending) < self._batch_size and not self._closing and self._linger:
+                await asyncio.sleep(self._linger)
+            batch = self._pending[: self._batch_size]
+            try:
+                applied = await self._flush(batch)
+            except (DatabaseError, psycopg.Error) as error:
+                log.warning("completing %d jobs failed (%s); retrying", len(batch), error)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            delay = 0.05
+            del self._pending[: len(batch)]
+            self._on_done([(job, (job.id, job.run_lease) in applied) for job in batch])
+
+    async def _flush(self, batch: list[Job[Any]]) -> set[tuple[int, int]]:
+        batch.sort(key=lambda job: job.id)
+        params = {
+            "ids": [job.id for job in batch],
+            "leases": [job.run_lease for job in batch],
+        }
+        statement = Statement(
+            query("complete_batch"),
+            params,
+            lambda rows: {(row["id"], row["run_lease"]) for row in rows},
+        )
+        async with self._connect() as conn:
+            return await run_async(conn, statement)

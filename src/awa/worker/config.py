@@ -1,0 +1,175 @@
+"""Runtime and per-queue settings, and how ``start()`` arguments turn into them."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from awa.errors import ValidationError
+from awa.model import check_name
+
+
+def _positive_seconds(value: object, field: str, *, allow_zero: bool = False) -> float:
+    if isinstance(value, dt.timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValidationError(f"{field} must be a finite number of seconds")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ValidationError(f"{field} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+    return float(value)
+
+
+def _positive_int(value: object, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValidationError(f"{field} must be a positive integer, got {value!r}")
+    return value
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Backoff after a failed attempt: ``min(base**attempt * (1 + U(0, jitter)), max_delay)``
+    seconds. The defaults give 2-2.5 s after attempt 1, 4-5 s after attempt 2, ... 24 h."""
+
+    base: float = 2.0
+    jitter: float = 0.25
+    max_delay: float = 86400.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.base) and self.base >= 1):
+            raise ValidationError("RetryPolicy.base must be >= 1")
+        if not (math.isfinite(self.jitter) and self.jitter >= 0):
+            raise ValidationError("RetryPolicy.jitter must be >= 0")
+        _positive_seconds(self.max_delay, "RetryPolicy.max_delay")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class QueueConfig:
+    """How one queue is worked.
+
+    ``max_workers`` handlers run at once. ``claim_batch_size`` caps one claim. ``prefetch``
+    lets the worker claim up to that many jobs beyond its free slots while handlers are
+    quick (it shrinks to nothing for slow handlers), which saves round trips on busy queues
+    of short jobs; 0 turns it off. ``poll_interval`` is the fallback when no notification
+    arrives. ``deadline_duration`` bounds each attempt (0 means no deadline).
+    """
+
+    name: str
+    max_workers: int = 10
+    poll_interval: float = 0.5
+    deadline_duration: float = 300.0
+    claim_batch_size: int = 256
+    prefetch: int = -1  # -1: default (4 x max_workers)
+    retry: RetryPolicy = RetryPolicy()
+
+    def __post_init__(self) -> None:
+        check_name("queue", self.name)
+        _positive_int(self.max_workers, f"queue {self.name!r}: max_workers")
+        object.__setattr__(
+            self,
+            "poll_interval",
+            _positive_seconds(self.poll_interval, f"queue {self.name!r}: poll_interval"),
+        )
+        object.__setattr__(
+            self,
+            "deadline_duration",
+            _positive_seconds(
+                self.deadline_duration, f"queue {self.name!r}: deadline_duration", allow_zero=True
+            ),
+        )
+        _positive_int(self.claim_batch_size, f"queue {self.name!r}: claim_batch_size")
+        if self.prefetch == -1:
+            object.__setattr__(self, "prefetch", 4 * self.max_workers)
+        if isinstance(self.prefetch, bool) or not isinstance(self.prefetch, int) or (
+            self.prefetch < 0
+        ):
+            raise ValidationError(f"queue {self.name!r}: prefetch must be >= 0")
+        if not isinstance(self.retry, RetryPolicy):
+            raise ValidationError(f"queue {self.name!r}: retry must be an awa.RetryPolicy")
+
+
+_QUEUE_KEYS = frozenset(
+    field.name for field in dataclasses.fields(QueueConfig) if field.name != "name"
+)
+
+
+def parse_queues(
+    queues: Iterable[tuple[str, int]] | Mapping[str, int | Mapping[str, Any]] | None,
+    declared: Iterable[str],
+) -> list[QueueConfig]:
+    """Queue configs from ``start()``'s argument: ``[("email", 8), ...]`` or
+    ``{"email": 8, "billing": {"max_workers": 2, "deadline_duration": 60}}``; None runs
+    every queue a task declared, with default settings."""
+    configs: list[QueueConfig] = []
+    if queues is None:
+        configs = [QueueConfig(name) for name in dict.fromkeys(declared)]
+    elif isinstance(queues, Mapping):
+        for name, spec in queues.items():
+            if isinstance(spec, Mapping):
+                unknown = sorted(set(spec) - _QUEUE_KEYS)
+                if unknown:
+                    raise ValidationError(
+                        f"queue {name!r}: unknown option(s) {unknown}; "
+                        f"expected {sorted(_QUEUE_KEYS)}"
+                    )
+                configs.append(QueueConfig(name, **spec))
+            else:
+                configs.append(QueueConfig(name, max_workers=spec))
+    else:
+        for item in queues:
+            if isinstance(item, QueueConfig):
+                configs.append(item)
+                continue
+            if not (isinstance(item, tuple) and len(item) == 2):
+                raise ValidationError(
+                    "queues must be (name, max_workers) tuples, QueueConfig objects, or a dict"
+                )
+            configs.append(QueueConfig(item[0], max_workers=item[1]))
+    if not configs:
+        raise ValidationError("start() needs at least one queue (register a task or pass queues)")
+    names = [config.name for config in configs]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise ValidationError(f"queue(s) configured twice: {duplicates}")
+    return configs
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RuntimeConfig:
+    """Process-wide settings of the worker runtime (durations in seconds)."""
+
+    heartbeat_interval: float = 30.0
+    heartbeat_staleness: float = 90.0
+    promote_interval: float = 0.1
+    promote_batch_size: int = 4096
+    leader_election_interval: float = 2.0
+    leader_check_interval: float = 5.0
+    completion_batch_size: int = 512
+    completion_linger: float = 0.002
+    sync_handler_threads: int | None = None
+
+    def __post_init__(self) -> None:
+        for field in (
+            "heartbeat_interval",
+            "heartbeat_staleness",
+            "promote_interval",
+            "leader_election_interval",
+            "leader_check_interval",
+        ):
+            object.__setattr__(self, field, _positive_seconds(getattr(self, field), field))
+        object.__setattr__(
+            self,
+            "completion_linger",
+            _positive_seconds(self.completion_linger, "completion_linger", allow_zero=True),
+        )
+        _positive_int(self.promote_batch_size, "promote_batch_size")
+        _positive_int(self.completion_batch_size, "completion_batch_size")
+        if self.sync_handler_threads is not None:
+            _positive_int(self.sync_handler_threads, "sync_handler_threads")
+        if self.heartbeat_staleness < 2 * self.heartbeat_interval:
+            raise ValidationError(
+                "heartbeat_staleness must be at least twice heartbeat_interval, or healthy "
+                "jobs would be rescued"
+            )

@@ -1,0 +1,160 @@
+"""One queue's dispatcher and its handler slots.
+
+The dispatcher claims jobs in batches sized to what the queue can take: the free handler
+slots, plus a prefetch allowance while handlers are quick. Claimed jobs wait in a local
+buffer for a slot. It wakes on a notification for its queue, when slots free up, or at its
+poll interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from awa.errors import DatabaseError
+from awa.job import Job
+from awa.worker.config import QueueConfig
+
+log = logging.getLogger("awa.worker")
+
+# How far ahead prefetch may reach, in expected handler time: the buffer holds at most what
+# the slots are expected to finish within this window.
+PREFETCH_WINDOW = 0.05
+
+
+class QueueDispatcher:
+    def __init__(
+        self,
+        config: QueueConfig,
+        *,
+        claim: Callable[[QueueConfig, int], Awaitable[list[Job[Any]]]],
+        execute: Callable[[Job[Any], QueueConfig], Awaitable[None]],
+        backlogged: Callable[[], bool],
+    ) -> None:
+        self.config = config
+        self._claim = claim
+        self._execute = execute
+        self._backlogged = backlogged
+        self._ready: asyncio.Queue[Job[Any] | None] = asyncio.Queue()
+        self._wake = asyncio.Event()
+        self._running = 0
+        self._mean_duration: float | None = None
+        self._dispatcher: asyncio.Task[None] | None = None
+        self._slots: list[asyncio.Task[None]] = []
+        self.claimed = 0
+
+    @property
+    def running(self) -> int:
+        return self._running
+
+    @property
+    def buffered(self) -> int:
+        return self._ready.qsize()
+
+    def start(self) -> None:
+        name = self.config.name
+        self._slots = [
+            asyncio.create_task(self._slot(), name=f"awa-slot-{name}-{index}")
+            for index in range(self.config.max_workers)
+        ]
+        self._dispatcher = asyncio.create_task(self._dispatch(), name=f"awa-dispatch-{name}")
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _prefetch_allowance(self) -> int:
+        cap = self.config.prefetch
+        if cap == 0 or self._mean_duration is None:
+            return 0
+        expected = self.config.max_workers * PREFETCH_WINDOW / max(self._mean_duration, 1e-6)
+        return min(cap, int(expected))
+
+    def _claim_size(self) -> int:
+        if self._backlogged():
+            return 0
+        allowance = self._prefetch_allowance()
+        buffered = self._ready.qsize()
+        room = self.config.max_workers + allowance - self._running - buffered
+        if room <= 0:
+            return 0
+        free_slots = self.config.max_workers - self._running
+        # Claim at once when a slot would otherwise idle; otherwise refill the prefetch
+        # buffer only once it runs low, so claims stay large.
+        if (buffered == 0 and free_slots > 0) or buffered < allowance // 2:
+            return min(room, self.config.claim_batch_size)
+        return 0
+
+    async def _dispatch(self) -> None:
+        delay = 0.1
+        while True:
+            self._wake.clear()
+            size = self._claim_size()
+            if size > 0:
+                try:
+                    jobs = await self._claim(self.config, size)
+                except DatabaseError as error:
+                    log.warning(
+                        "queue %s: claiming failed (%s); retrying in %.1fs",
+                        self.config.name,
+                        error,
+                        delay,
+                    )
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 5.0)
+                    continue
+                delay = 0.1
+                for job in jobs:
+                    self._ready.put_nowait(job)
+                self.claimed += len(jobs)
+                if len(jobs) == size:
+                    await asyncio.sleep(0)  # let slots start before claiming more
+                    continue
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.config.poll_interval)
+            except TimeoutError:
+                pass
+
+    async def _slot(self) -> None:
+        ready = self._ready
+        while True:
+            job = await ready.get()
+            if job is None:
+                return
+            self._running += 1
+            started = time.perf_counter()
+            try:
+                await self._execute(job, self.config)
+            finally:
+                self._running -= 1
+                elapsed = time.perf_counter() - started
+                mean = self._mean_duration
+                self._mean_duration = elapsed if mean is None else mean * 0.9 + elapsed * 0.1
+                if ready.qsize() <= self._prefetch_allowance() // 2:
+                    self._wake.set()
+
+    async def stop_claiming(self) -> list[Job[Any]]:
+        """Stop the dispatcher; returns the claimed jobs no slot has started."""
+        if self._dispatcher is not None:
+            self._dispatcher.cancel()
+            try:
+                await self._dispatcher
+            except asyncio.CancelledError:
+                pass
+        unstarted = []
+        while not self._ready.empty():
+            job = self._ready.get_nowait()
+            if job is not None:
+                unstarted.append(job)
+        return unstarted
+
+    async def drain(self, timeout: float) -> list[asyncio.Task[None]]:
+        """Let busy slots finish; returns the slots still busy after ``timeout``."""
+        for _ in self._slots:
+            self._ready.put_nowait(None)
+        if not self._slots:
+            return []
+        _, pending = await asyncio.wait(self._slots, timeout=timeout)
+        return list(pending)

@@ -1,0 +1,90 @@
+"""Running one attempt: decode the args, call the handler, turn what it did into an Outcome."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import Executor
+from typing import Any
+
+from awa.errors import TerminalError
+from awa.job import Job
+from awa.kinds import decode_args
+from awa.outcomes import OUTCOME_TYPES, Cancel, RetryAfter, Snooze
+from awa.worker.registry import Task
+from awa.worker.results import (
+    Cancelled,
+    Completed,
+    Fail,
+    Interrupted,
+    Outcome,
+    Retry,
+    Snoozed,
+    format_error,
+)
+
+SHUTDOWN_ERROR = "interrupted: the worker shut down before the handler finished"
+
+
+def classify(result: object, job: Job[Any], duration: float) -> Outcome:
+    """The outcome a handler chose by returning ``result``."""
+    if result is None or not isinstance(result, OUTCOME_TYPES):
+        if isinstance(result, type) and issubclass(result, OUTCOME_TYPES):
+            return Fail(
+                f"invalid handler return value: the class {result.__name__} was returned; "
+                f"return an instance such as {result.__name__}(...)"
+            )
+        if asyncio.iscoroutine(result):
+            result.close()
+            return Fail(
+                "invalid handler return value: a coroutine was returned (a missing await?)"
+            )
+        return Completed(duration)
+    if isinstance(result, RetryAfter):
+        return Retry(
+            error=None,
+            delay=result.seconds,
+            exhausted_error=(
+                f"max_attempts exhausted (handler requested retry after {result.seconds:g}s)"
+            ),
+        )
+    if isinstance(result, Snooze):
+        return Snoozed(result.seconds)
+    if isinstance(result, Cancel):
+        return Cancelled(str(result.reason))
+    raise AssertionError(f"unhandled outcome type {type(result).__name__}")
+
+
+async def run_attempt(
+    job: Job[Any],
+    task: Task | None,
+    threads: Executor,
+    *,
+    shutting_down: asyncio.Event,
+) -> Outcome:
+    """Run the handler for ``job`` and return its outcome (never raises for handler errors)."""
+    if task is None:
+        return Fail(f"unknown job kind: {job.kind} (no handler is registered for it here)")
+    try:
+        job._args = decode_args(task.args_type, job.raw_args)
+    except Exception as error:
+        type_name = getattr(task.args_type, "__name__", str(task.args_type))
+        return Fail(f"failed to decode args of kind {job.kind!r} into {type_name}: {error}")
+    started = time.perf_counter()
+    try:
+        if task.is_async:
+            result = await task.handler(job)
+        else:
+            loop = asyncio.get_running_loop()
+            result = await loop.run_in_executor(threads, task.handler, job)
+    except asyncio.CancelledError:
+        if shutting_down.is_set():
+            return Interrupted(SHUTDOWN_ERROR)
+        raise
+    except TerminalError as error:
+        return Fail(format_error(error))
+    except BaseException as error:  # noqa: BLE001 - any handler failure is an outcome
+        if isinstance(error, KeyboardInterrupt | SystemExit) and shutting_down.is_set():
+            return Interrupted(SHUTDOWN_ERROR)
+        return Retry(error=format_error(error))
+    return classify(result, job, time.perf_counter() - started)

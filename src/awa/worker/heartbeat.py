@@ -1,0 +1,118 @@
+"""Heartbeats for every running attempt of this process, from a thread of their own.
+
+A separate thread with its own connection keeps heartbeats flowing even while a handler
+blocks the event loop, so a busy but healthy job is never mistaken for a dead one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+
+from awa.db import connection_kwargs
+from awa.job import Job
+from awa.sql import query
+
+log = logging.getLogger("awa.worker")
+
+CHUNK = 500
+
+
+class Heartbeat:
+    def __init__(
+        self,
+        url: str,
+        *,
+        interval: float,
+        snapshot: Callable[[], list[Job[Any]]],
+        application_name: str,
+    ) -> None:
+        self._url = url
+        self._interval = interval
+        self._snapshot = snapshot
+        self._application_name = application_name
+        self._stop = threading.Event()
+        self._beat_now = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._conn: psycopg.Connection[Any] | None = None
+        self._flushed_versions: dict[int, int] = {}
+        self.alive = False
+        self.beats = 0
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="awa-heartbeat", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Run one final beat and stop (blocking; call it from a worker thread)."""
+        self._stop.set()
+        self._beat_now.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _run(self) -> None:
+        self.alive = True
+        try:
+            while True:
+                self._beat_now.wait(self._interval)
+                self._beat_now.clear()
+                self._beat()
+                if self._stop.is_set():
+                    break
+        finally:
+            self.alive = False
+            if self._conn is not None:
+                self._conn.close()
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg.connect(
+                self._url, connect_timeout=10, **connection_kwargs(self._application_name)
+            )
+        return self._conn
+
+    def _beat(self) -> None:
+        jobs = sorted(self._snapshot(), key=lambda job: job.id)
+        live = {job.id for job in jobs}
+        self._flushed_versions = {
+            job_id: version
+            for job_id, version in self._flushed_versions.items()
+            if job_id in live
+        }
+        if not jobs:
+            return
+        try:
+            conn = self._connection()
+            for start in range(0, len(jobs), CHUNK):
+                chunk = jobs[start : start + CHUNK]
+                versions = [job._progress_version for job in chunk]
+                progress = [
+                    self._progress_json(job, version)
+                    for job, version in zip(chunk, versions, strict=True)
+                ]
+                conn.execute(
+                    query("heartbeat"),
+                    {
+                        "ids": [job.id for job in chunk],
+                        "leases": [job.run_lease for job in chunk],
+                        "progress": progress,
+                    },
+                )
+                for job, version in zip(chunk, versions, strict=True):
+                    self._flushed_versions[job.id] = version
+            self.beats += 1
+        except psycopg.Error as error:
+            log.warning("heartbeat for %d running jobs failed: %s", len(jobs), error)
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def _progress_json(self, job: Job[Any], version: int) -> str | None:
+        if version == 0 or self._flushed_versions.get(job.id) == version:
+            return None
+        return json.dumps(job._progress, ensure_ascii=False, separators=(",", ":"), default=str)

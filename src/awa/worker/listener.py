@@ -1,0 +1,104 @@
+"""LISTEN for new jobs and for cancellations, on one dedicated connection.
+
+Channel ``awa_jobs`` carries the queue name of newly available jobs; ``awa_cancel`` carries
+``{"job_id", "run_lease"}`` of a running attempt an operator cancelled. When the connection
+drops, workers fall back to polling until it is back, and every queue is woken on reconnect
+in case a notification was missed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+
+from awa.db import connection_kwargs
+from awa.sql import query
+
+log = logging.getLogger("awa.worker")
+
+JOBS_CHANNEL = "awa_jobs"
+CANCEL_CHANNEL = "awa_cancel"
+
+
+class Listener:
+    def __init__(
+        self,
+        url: str,
+        *,
+        application_name: str,
+        on_jobs: Callable[[str], None],
+        on_cancel: Callable[[int, int | None], None],
+        on_reconnect: Callable[[], None],
+    ) -> None:
+        self._url = url
+        self._application_name = application_name
+        self._on_jobs = on_jobs
+        self._on_cancel = on_cancel
+        self._on_reconnect = on_reconnect
+        self._task: asyncio.Task[None] | None = None
+        self._ready = asyncio.Event()
+        self.connected = False
+
+    async def start(self) -> None:
+        """Start listening; returns once LISTEN is in place (or the first attempt failed)."""
+        self._task = asyncio.create_task(self._run(), name="awa-listener")
+        await self._ready.wait()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    async def _run(self) -> None:
+        delay = 0.2
+        first = True
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(
+                    self._url, connect_timeout=10, **connection_kwargs(self._application_name)
+                )
+            except psycopg.Error as error:
+                log.warning("cannot connect the notification listener (%s); polling", error)
+                self._ready.set()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            try:
+                async with conn:
+                    await conn.execute(query("listen_channels"))
+                    self.connected = True
+                    delay = 0.2
+                    if not first:
+                        log.info("notification listener reconnected")
+                        self._on_reconnect()
+                    first = False
+                    self._ready.set()
+                    async for notify in conn.notifies():
+                        self._dispatch(notify.channel, notify.payload)
+            except psycopg.Error as error:
+                log.warning("notification listener lost its connection (%s); polling", error)
+            finally:
+                self.connected = False
+            self._ready.set()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    def _dispatch(self, channel: str, payload: str) -> None:
+        if channel == JOBS_CHANNEL:
+            self._on_jobs(payload)
+            return
+        try:
+            message: Any = json.loads(payload)
+            job_id = int(message["job_id"])
+            lease = message.get("run_lease")
+            self._on_cancel(job_id, int(lease) if lease is not None else None)
+        except (ValueError, KeyError, TypeError):
+            log.warning("ignoring a malformed cancel notification: %r", payload)

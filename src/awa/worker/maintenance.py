@@ -1,0 +1,150 @@
+"""The maintenance leader: one runtime per database runs the periodic duties.
+
+Leadership is a session-level advisory lock on a dedicated connection. When the leader's
+process dies its connection closes, Postgres frees the lock, and another runtime takes over
+at its next election attempt (``leader_election_interval``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from awa.db import connection_kwargs
+from awa.sql import query
+
+log = logging.getLogger("awa.maintenance")
+
+
+@dataclasses.dataclass(slots=True)
+class Duty:
+    """A periodic task of the leader, run on the leader's connection."""
+
+    name: str
+    interval: float
+    run: Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]]
+    next_at: float = 0.0
+
+
+class Maintenance:
+    def __init__(
+        self,
+        url: str,
+        *,
+        application_name: str,
+        election_interval: float,
+        check_interval: float,
+        duties: list[Duty],
+    ) -> None:
+        self._url = url
+        self._application_name = application_name
+        self._election_interval = election_interval
+        self._check_interval = check_interval
+        self._duties = duties
+        self._task: asyncio.Task[None] | None = None
+        self.is_leader = False
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="awa-maintenance")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(
+                    self._url, connect_timeout=10, **connection_kwargs(self._application_name)
+                )
+            except psycopg.Error as error:
+                log.warning("maintenance cannot connect (%s); retrying", error)
+                await asyncio.sleep(self._election_interval)
+                continue
+            try:
+                async with conn:
+                    if await self._try_lock(conn):
+                        await self._lead(conn)
+            except psycopg.Error as error:
+                if self.is_leader:
+                    log.warning("maintenance leader lost its connection (%s)", error)
+            finally:
+                self.is_leader = False
+            await asyncio.sleep(self._election_interval)
+
+    async def _try_lock(self, conn: psycopg.AsyncConnection[Any]) -> bool:
+        async with conn.cursor(row_factory=dict_row) as cursor:
+            await cursor.execute(query("leader_try_lock"))
+            row = await cursor.fetchone()
+        return bool(row and row["acquired"])
+
+    async def _lead(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        self.is_leader = True
+        log.info("this runtime is now the maintenance leader")
+        now = time.monotonic()
+        for duty in self._duties:
+            duty.next_at = now
+        last_check = now
+        try:
+            while True:
+                now = time.monotonic()
+                for duty in self._duties:
+                    if duty.next_at <= now:
+                        await duty.run(conn)
+                        duty.next_at = time.monotonic() + duty.interval
+                if now - last_check >= self._check_interval:
+                    await conn.execute(query("leader_check"))
+                    last_check = now
+                wake = min((duty.next_at for duty in self._duties), default=now + 1.0)
+                await asyncio.sleep(max(0.0, wake - time.monotonic()))
+        except asyncio.CancelledError:
+            # Hand the role over promptly instead of waiting for the connection to close.
+            try:
+                await asyncio.shield(conn.execute(query("leader_unlock")))
+            except psycopg.Error:
+                pass
+            raise
+
+
+def promotion_duty(interval: float, batch_size: int) -> Duty:
+    """Make due scheduled and retryable jobs available (and wake their queues)."""
+
+    async def promote(conn: psycopg.AsyncConnection[Any]) -> None:
+        while True:
+            try:
+                async with conn.cursor(row_factory=dict_row) as cursor:
+                    await cursor.execute(query("promote_due"), {"limit": batch_size})
+                    row = await cursor.fetchone()
+            except psycopg.errors.UniqueViolation:
+                await _promote_one_by_one(conn, batch_size)
+                return
+            if row is None or row["promoted"] < batch_size:
+                return
+
+    return Duty("promote", interval, promote)
+
+
+async def _promote_one_by_one(conn: psycopg.AsyncConnection[Any], batch_size: int) -> None:
+    # A due job may collide with a newer job holding its unique key (only possible with a
+    # mask that covers available but not its pending state). Promote row by row and cancel
+    # the colliding ones, so one such job cannot block every other promotion.
+    async with conn.cursor(row_factory=dict_row) as cursor:
+        await cursor.execute(query("promote_due_ids"), {"limit": batch_size})
+        ids = [row["id"] for row in await cursor.fetchall()]
+    for job_id in ids:
+        try:
+            await conn.execute(query("promote_one"), {"id": job_id})
+        except psycopg.errors.UniqueViolation:
+            log.warning("job %s collides with a unique key at promotion; cancelling it", job_id)
+            await conn.execute(query("cancel_colliding_pending"), {"id": job_id})

@@ -1,0 +1,316 @@
+"""The worker runtime of an AsyncClient: dispatchers, completion, heartbeat, listener and
+maintenance, started together and shut down in order."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from psycopg.rows import tuple_row
+
+from awa.db import Statement, run_async, translate_errors
+from awa.errors import AwaError, DatabaseError
+from awa.job import Job
+from awa.sql import query
+from awa.worker.attempts import InFlight
+from awa.worker.completer import CompletionBatcher, commit_outcome
+from awa.worker.config import QueueConfig, RuntimeConfig
+from awa.worker.dispatcher import QueueDispatcher
+from awa.worker.executor import run_attempt
+from awa.worker.heartbeat import Heartbeat
+from awa.worker.listener import Listener
+from awa.worker.maintenance import Maintenance, promotion_duty
+from awa.worker.registry import TaskRegistry
+from awa.worker.results import Completed, Outcome
+
+if TYPE_CHECKING:
+    from awa.client import AsyncClient
+
+log = logging.getLogger("awa.worker")
+
+# After the shutdown timeout, handlers see is_cancelled() and get this long to return
+# before they are interrupted and their jobs requeued.
+CANCEL_GRACE = 1.0
+
+
+class Runtime:
+    def __init__(
+        self,
+        client: AsyncClient,
+        registry: TaskRegistry,
+        queues: list[QueueConfig],
+        config: RuntimeConfig,
+    ) -> None:
+        self._client = client
+        self.registry = registry
+        self.config = config
+        self.queues = queues
+        self.inflight = InFlight()
+        self._interrupting = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        sync_slots = sum(
+            queue.max_workers
+            for queue in queues
+            if any(not task.is_async and task.queue == queue.name for task in registry)
+        )
+        self.threads = ThreadPoolExecutor(
+            max_workers=config.sync_handler_threads or max(1, sync_slots),
+            thread_name_prefix="awa-handler",
+        )
+        self._dispatchers = {
+            queue.name: QueueDispatcher(
+                queue,
+                claim=self._claim,
+                execute=self._execute,
+                backlogged=self._completions_backlogged,
+            )
+            for queue in queues
+        }
+        self._completer = CompletionBatcher(
+            client.connection,
+            batch_size=config.completion_batch_size,
+            linger=config.completion_linger,
+            on_done=self._completions_done,
+        )
+        self._listener: Listener | None = None
+        self._heartbeat: Heartbeat | None = None
+        self._maintenance: Maintenance | None = None
+        self._application_name = client.application_name
+
+    # AttemptServices ----------------------------------------------------------------------
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
+
+    async def flush_progress(self, job: Job[Any]) -> None:
+        from awa.worker.completer import progress_param
+
+        progress = progress_param(job)
+        if progress is None:
+            return
+        statement = Statement(
+            query("flush_progress"),
+            {"id": job.id, "lease": job.run_lease, "progress": progress},
+            lambda rows: None,
+        )
+        async with self._client.connection() as conn:
+            await run_async(conn, statement)
+
+    # Lifecycle ----------------------------------------------------------------------------
+
+    @property
+    def is_leader(self) -> bool:
+        return self._maintenance is not None and self._maintenance.is_leader
+
+    async def start(self) -> None:
+        url = await self._client.database_url()
+        self._completer.start()
+        self._listener = Listener(
+            url,
+            application_name=self._application_name,
+            on_jobs=self.wake,
+            on_cancel=self._cancel_attempt,
+            on_reconnect=self._wake_all,
+        )
+        await self._listener.start()
+        self._heartbeat = Heartbeat(
+            url,
+            interval=self.config.heartbeat_interval,
+            snapshot=self.inflight.snapshot,
+            application_name=self._application_name,
+        )
+        self._heartbeat.start()
+        self._maintenance = Maintenance(
+            url,
+            application_name=self._application_name,
+            election_interval=self.config.leader_election_interval,
+            check_interval=self.config.leader_check_interval,
+            duties=[promotion_duty(self.config.promote_interval, self.config.promote_batch_size)],
+        )
+        self._maintenance.start()
+        for dispatcher in self._dispatchers.values():
+            dispatcher.start()
+        log.info("worker started on queues %s", ", ".join(self._dispatchers))
+
+    async def shutdown(self, timeout: float) -> None:
+        """Stop claiming, let handlers finish (up to ``timeout``), then signal cancellation,
+        and finally interrupt what is left and requeue it. Hooks are not awaited."""
+        unstarted: list[Job[Any]] = []
+        for dispatcher in self._dispatchers.values():
+            unstarted.extend(await dispatcher.stop_claiming())
+        await self._release_unstarted(unstarted)
+        busy = await self._drain_slots(timeout)
+        if busy:
+            self.inflight.cancel_all()
+            busy = await self._drain_slots(CANCEL_GRACE, already_signalled=busy)
+        if busy:
+            self._interrupting.set()
+            for slot in busy:
+                slot.cancel()
+            await asyncio.gather(*busy, return_exceptions=True)
+        await self._completer.close()
+        if self._heartbeat is not None:
+            await asyncio.to_thread(self._heartbeat.stop)
+        if self._listener is not None:
+            await self._listener.stop()
+        if self._maintenance is not None:
+            await self._maintenance.stop()
+        self.threads.shutdown(wait=False, cancel_futures=True)
+        log.info("worker stopped")
+
+    async def _drain_slots(
+        self, timeout: float, already_signalled: list[asyncio.Task[None]] | None = None
+    ) -> list[asyncio.Task[None]]:
+        if already_signalled is not None:
+            _, pending = await asyncio.wait(already_signalled, timeout=timeout)
+            return list(pending)
+        busy: list[asyncio.Task[None]] = []
+        drains = [dispatcher.drain(timeout) for dispatcher in self._dispatchers.values()]
+        for pending in await asyncio.gather(*drains):
+            busy.extend(pending)
+        return busy
+
+    async def _release_unstarted(self, jobs: list[Job[Any]]) -> None:
+        if not jobs:
+            return
+        statement = Statement(
+            query("release_unstarted"),
+            {"ids": [job.id for job in jobs], "leases": [job.run_lease for job in jobs]},
+            lambda rows: None,
+        )
+        try:
+            async with self._client.connection() as conn:
+                await run_async(conn, statement)
+        except DatabaseError as error:
+            log.warning("could not release %d unstarted jobs (%s)", len(jobs), error)
+        for job in jobs:
+            self.inflight.remove(job)
+
+    # Wakeups and cancellation -------------------------------------------------------------
+
+    def wake(self, queue: str) -> None:
+        dispatcher = self._dispatchers.get(queue)
+        if dispatcher is not None:
+            dispatcher.wake()
+
+    def _wake_all(self) -> None:
+        for dispatcher in self._dispatchers.values():
+            dispatcher.wake()
+
+    def _cancel_attempt(self, job_id: int, run_lease: int | None) -> None:
+        if self.inflight.cancel(job_id, run_lease):
+            log.info("job %s was cancelled while running; is_cancelled() is now true", job_id)
+
+    # Claim, execute, finalize ------------------------------------------------------------
+
+    async def _claim(self, queue: QueueConfig, limit: int) -> list[Job[Any]]:
+        params = {
+            "queue": queue.name,
+            "limit": limit,
+            "deadline": dt.timedelta(seconds=queue.deadline_duration),
+        }
+        with translate_errors():
+            async with self._client.connection() as conn:
+                async with conn.cursor(row_factory=tuple_row) as cursor:
+                    await cursor.execute(query("claim_jobs"), params)
+                    rows = await cursor.fetchall()
+        jobs = [self._job_from_claim(row) for row in rows]
+        jobs.sort(key=lambda job: (job.priority, job.run_at, job.id))
+        for job in jobs:
+            self.inflight.add(job)
+        return jobs
+
+    def _job_from_claim(self, row: tuple[Any, ...]) -> Job[Any]:
+        (
+            job_id,
+            kind,
+            queue,
+            args,
+            priority,
+            attempt,
+            max_attempts,
+            run_lease,
+            run_at,
+            created_at,
+            attempted_at,
+            deadline_at,
+            errors,
+            metadata,
+            tags,
+            progress,
+        ) = row
+        return Job(
+            id=job_id,
+            kind=kind,
+            queue=queue,
+            raw_args=args,
+            priority=priority,
+            attempt=attempt,
+            max_attempts=max_attempts,
+            run_lease=run_lease,
+            run_at=run_at,
+            created_at=created_at,
+            attempted_at=attempted_at,
+            deadline=deadline_at,
+            errors=errors,
+            metadata=metadata,
+            tags=tags,
+            progress=progress,
+            services=self,
+        )
+
+    async def _execute(self, job: Job[Any], queue: QueueConfig) -> None:
+        task = self.registry.get(job.kind)
+        outcome = await run_attempt(job, task, self.threads, shutting_down=self._interrupting)
+        await self._finalize(job, outcome, queue)
+
+    async def _finalize(self, job: Job[Any], outcome: Outcome, queue: QueueConfig) -> None:
+        if isinstance(outcome, Completed):
+            self._completer.add(job)
+            return
+        delay = 0.05
+        while True:
+            try:
+                async with self._client.connection() as conn:
+                    row = await commit_outcome(conn, job, outcome, queue.retry)
+                break
+            except DatabaseError as error:
+                if self._interrupting.is_set():
+                    log.warning("job %s: outcome not saved (%s); rescue will retry it",
+                                job.id, error)
+                    row = None
+                    break
+                log.warning("job %s: saving its outcome failed (%s); retrying", job.id, error)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+            except AwaError:
+                log.exception("job %s: saving its outcome failed", job.id)
+                row = None
+                break
+        if row is None:
+            log.debug("job %s lease %s: stale outcome ignored", job.id, job.run_lease)
+        self.inflight.remove(job)
+
+    def _completions_backlogged(self) -> bool:
+        return self._completer.pending > 4 * self.config.completion_batch_size
+
+    def _completions_done(self, results: list[tuple[Job[Any], bool]]) -> None:
+        for job, applied in results:
+            if not applied:
+                log.debug("job %s lease %s: stale completion ignored", job.id, job.run_lease)
+            self.inflight.remove(job)
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        return {
+            name: {
+                "running": dispatcher.running,
+                "buffered": dispatcher.buffered,
+                "claimed": dispatcher.claimed,
+                "max_workers": dispatcher.config.max_workers,
+            }
+            for name, dispatcher in self._dispatchers.items()
+        }
