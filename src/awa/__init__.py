@@ -16,6 +16,7 @@ from awa.errors import (
     ValidationError,
 )
 from awa.insert import InsertKwargs
+from awa.job import Job
 from awa.kinds import derive_kind
 from awa.model import (
     EnqueueRequest,
@@ -24,23 +25,32 @@ from awa.model import (
     JobState,
     UniqueOpts,
 )
+from awa.outcomes import Cancel, RetryAfter, Snooze
 from awa.transaction import SyncTransaction, Transaction
+from awa.worker.config import QueueConfig, RetryPolicy, RuntimeConfig
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AsyncClient",
     "AwaError",
+    "Cancel",
     "CallbackNotFound",
     "Client",
     "DatabaseError",
     "EnqueueRequest",
     "InsertKwargs",
     "InsertOpts",
+    "Job",
     "JobRow",
     "JobState",
+    "QueueConfig",
     "QueueStats",
+    "RetryAfter",
+    "RetryPolicy",
+    "RuntimeConfig",
     "SchemaNotMigrated",
+    "Snooze",
     "SyncTransaction",
     "TerminalError",
     "Transaction",
