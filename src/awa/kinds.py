@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
+import math
 import re
 from collections.abc import Mapping
 from typing import Any, TypeVar, cast
 
+import orjson
 import pydantic
+import pydantic_core
 
 from awa.errors import ValidationError
 
@@ -63,7 +65,10 @@ def args_to_json_value(args: object) -> dict[str, Any]:
                 "job args must be a dataclass instance, a pydantic model or a dict, "
                 f"not {type(args).__name__}"
             )
-    except pydantic.PydanticSerializationError as error:
+    except (
+        pydantic_core.PydanticSerializationError,
+        pydantic.PydanticSchemaGenerationError,
+    ) as error:
         raise ValidationError(f"job args cannot be converted to JSON: {error}") from None
     return cast(dict[str, Any], value)
 
@@ -78,23 +83,47 @@ def decode_args(args_type: type[T] | None, value: Any) -> T:
 
 
 def dump_json(value: object, field: str, *, sort_keys: bool = False) -> str:
-    """Serialize to compact JSON, refusing NaN/Infinity and NUL bytes with a clear error."""
+    """Serialize to compact JSON, refusing NaN/Infinity and NUL bytes with a clear error.
+
+    With ``sort_keys`` the output is canonical (sorted keys, compact, raw UTF-8), the form
+    unique keys are hashed over.
+    """
+    bad_float = _find_non_finite(value, field)
+    if bad_float is not None:
+        raise ValidationError(f"{bad_float} is NaN or infinite, which JSON cannot represent")
     try:
-        text = json.dumps(
-            value,
-            ensure_ascii=False,
-            separators=(",", ":"),
-            allow_nan=False,
-            sort_keys=sort_keys,
-        )
-    except ValueError as error:
-        raise ValidationError(f"{field} is not valid JSON: {error}") from None
+        text = orjson.dumps(value, option=orjson.OPT_SORT_KEYS if sort_keys else 0).decode()
     except TypeError as error:
         raise ValidationError(f"{field} cannot be converted to JSON: {error}") from None
     if "\\u0000" in text and _NUL_ESCAPE.search(text):
         path = _find_nul(value, field) or field
         raise ValidationError(f"{path} contains a NUL byte, which Postgres cannot store")
     return text
+
+
+def _find_non_finite(value: object, path: str) -> str | None:
+    """The path of the first NaN or infinite float (orjson would silently write null)."""
+    kind = type(value)
+    if kind is float:
+        return None if math.isfinite(cast(float, value)) else path
+    if kind is dict:
+        for key, item in cast(dict[Any, Any], value).items():
+            if type(item) in _CONTAINERS_AND_FLOATS:
+                found = _find_non_finite(item, f"{path}[{key!r}]")
+                if found:
+                    return found
+    elif kind is list or kind is tuple:
+        for index, item in enumerate(cast(list[Any], value)):
+            if type(item) in _CONTAINERS_AND_FLOATS:
+                found = _find_non_finite(item, f"{path}[{index}]")
+                if found:
+                    return found
+    elif isinstance(value, float):
+        return None if math.isfinite(value) else path
+    return None
+
+
+_CONTAINERS_AND_FLOATS = frozenset({float, dict, list, tuple})
 
 
 # A JSON escape \u0000 preceded by an even number of backslashes (an odd number would make
