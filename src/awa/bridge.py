@@ -1,0 +1,315 @@
+"""Insert jobs inside the application's own transaction, on the connection it already holds.
+
+``await insert_job(conn, args, **opts)`` takes a psycopg ``AsyncConnection``, an asyncpg
+connection (or pool connection) or a SQLAlchemy ``AsyncConnection`` / ``AsyncSession``;
+``insert_job_sync(conn, args, **opts)`` takes a psycopg ``Connection``, a SQLAlchemy
+``Connection`` / ``Session`` or a Django connection. The job is written by the statement awa
+always uses, inside whatever transaction the connection has open: it exists if the caller
+commits and never did if the caller rolls back. awa neither commits nor rolls back here.
+
+asyncpg connections are expected to use asyncpg's default ``jsonb`` codec (text in, text out).
+Database errors surface as the driver's own exceptions, so the caller's framework sees them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import functools
+import json
+import re
+import sys
+import zoneinfo
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypeVar, Unpack
+
+import psycopg
+
+from awa.db import CopyStatement, Flow, Statement, run_async, run_sync
+from awa.insert import InsertKwargs, insert_flow, prepare_job, split_kwargs
+from awa.model import JobRow
+
+if TYPE_CHECKING:
+    import asyncpg
+    import django.db.backends.base.base
+    import sqlalchemy.engine
+    import sqlalchemy.ext.asyncio
+    import sqlalchemy.orm
+
+    AsyncConnectionLike: TypeAlias = (
+        psycopg.AsyncConnection[Any]
+        | asyncpg.Connection
+        | sqlalchemy.ext.asyncio.AsyncConnection
+        | sqlalchemy.ext.asyncio.AsyncSession
+    )
+    SyncConnectionLike: TypeAlias = (
+        psycopg.Connection[Any]
+        | sqlalchemy.engine.Connection
+        | sqlalchemy.orm.Session
+        | django.db.backends.base.base.BaseDatabaseWrapper
+    )
+
+__all__ = ["insert_job", "insert_job_sync"]
+
+R = TypeVar("R")
+Rows = list[dict[str, Any]]
+
+SUPPORTED = (
+    "insert_job(): psycopg AsyncConnection, asyncpg Connection, SQLAlchemy AsyncConnection "
+    "or AsyncSession; insert_job_sync(): psycopg Connection, SQLAlchemy Connection or "
+    "Session, Django connection"
+)
+
+# Type oids of json and jsonb: drivers that hand these back as text get them decoded here.
+_JSON_OIDS = frozenset({114, 3802})
+_TOKEN = re.compile(r"%\((\w+)\)s|%%|%|:")
+
+
+async def insert_job(
+    conn: AsyncConnectionLike, args: Any, **kwargs: Unpack[InsertKwargs]
+) -> JobRow:
+    """Insert one job in the transaction open on ``conn`` (options as ``AsyncClient.insert``).
+
+    Raises ``ValidationError`` before any SQL runs and ``UniqueConflict`` (naming the
+    holder's id) when a unique key is taken.
+    """
+    run = _async_runner(conn)
+    kind, opts = split_kwargs("insert_job", kwargs)
+    return (await _drive_async(run, insert_flow([prepare_job(args, kind=kind, opts=opts)])))[0]
+
+
+def insert_job_sync(conn: SyncConnectionLike, args: Any, **kwargs: Unpack[InsertKwargs]) -> JobRow:
+    """Blocking twin of :func:`insert_job` for psycopg, SQLAlchemy and Django connections."""
+    run = _sync_runner(conn)
+    kind, opts = split_kwargs("insert_job_sync", kwargs)
+    return _drive_sync(run, insert_flow([prepare_job(args, kind=kind, opts=opts)]))[0]
+
+
+# --- Driving a flow through any driver ----------------------------------------------------
+
+
+def _drive_sync(run: Callable[[Statement[Any]], Rows], flow: Flow[R]) -> R:
+    result: Any = None
+    try:
+        while True:
+            step = _no_copy(flow.send(result))
+            result = step.decode(run(step))
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+async def _drive_async(run: Callable[[Statement[Any]], Awaitable[Rows]], flow: Flow[R]) -> R:
+    result: Any = None
+    try:
+        while True:
+            step = _no_copy(flow.send(result))
+            result = step.decode(await run(step))
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+def _no_copy(step: Statement[Any] | CopyStatement) -> Statement[Any]:
+    if isinstance(step, CopyStatement):  # insert_flow never copies; guard the assumption
+        raise TypeError("awa.bridge cannot run COPY statements")
+    return step
+
+
+def _named(step: Statement[Any]) -> Mapping[str, Any]:
+    if not isinstance(step.params, Mapping):
+        raise TypeError("awa.bridge runs statements with named parameters only")
+    return step.params
+
+
+@functools.cache
+def _convert(sql: str, style: Literal["asyncpg", "sqlalchemy"]) -> tuple[str, tuple[str, ...]]:
+    """psycopg ``%(name)s`` SQL in asyncpg's ``$n`` or SQLAlchemy ``text()``'s ``:name`` style,
+    with the parameter names in ``$n`` order."""
+    names: list[str] = []
+
+    def replace(match: re.Match[str]) -> str:
+        name, token = match.group(1), match.group(0)
+        if name is not None:
+            if style == "sqlalchemy":
+                return ":" + name
+            if name not in names:
+                names.append(name)
+            return f"${names.index(name) + 1}"
+        if token == "%%":
+            return "%"
+        if token == ":":
+            # text() would read ":word" (in a literal, a comment, a "::" cast next to a
+            # bind) as a parameter; "\:" is its escape for a literal colon.
+            return "\\:" if style == "sqlalchemy" else ":"
+        raise ValueError(f"awa.bridge: unsupported placeholder {token!r} in {sql!r}")
+
+    return _TOKEN.sub(replace, sql), tuple(names)
+
+
+def _decode_rows(
+    description: Sequence[Sequence[Any]] | None,
+    values: Sequence[Sequence[Any]],
+    naive_tz: dt.tzinfo | None = None,
+) -> Rows:
+    """Rows as dicts with the Python types psycopg gives: JSON decoded, and (for Django
+    without time zone support) naive timestamps put back in the session's zone."""
+    if not description:
+        return []
+    names = [str(column[0]) for column in description]
+    json_columns = {i for i, column in enumerate(description) if column[1] in _JSON_OIDS}
+    rows = []
+    for value in values:
+        row = list(value)
+        for i, item in enumerate(row):
+            if isinstance(item, str) and i in json_columns:
+                row[i] = json.loads(item)
+            elif naive_tz is not None and isinstance(item, dt.datetime) and item.tzinfo is None:
+                # The session's TimeZone is naive_tz, so the wall time is in that zone.
+                row[i] = item.replace(tzinfo=naive_tz)
+        rows.append(dict(zip(names, row, strict=True)))
+    return rows
+
+
+# --- Driver detection ---------------------------------------------------------------------
+
+
+def _class(module: str, name: str) -> type | None:
+    """A driver class, if its module was imported: an object of a class never imported
+    cannot be passed in, so this never imports a driver."""
+    loaded = sys.modules.get(module)
+    found = getattr(loaded, name, None) if loaded is not None else None
+    return found if isinstance(found, type) else None
+
+
+def _is(conn: object, *classes: tuple[str, str]) -> bool:
+    return any(
+        cls is not None and isinstance(conn, cls)
+        for cls in (_class(module, name) for module, name in classes)
+    )
+
+
+_ASYNCPG = (("asyncpg", "Connection"),)
+_SA_ASYNC = (("sqlalchemy.ext.asyncio", "AsyncConnection"),)
+_SA_ASYNC_SESSION = (
+    ("sqlalchemy.ext.asyncio", "AsyncSession"),
+    ("sqlalchemy.ext.asyncio", "async_scoped_session"),
+)
+_SA_SYNC = (("sqlalchemy.engine", "Connection"),)
+_SA_SESSION = (("sqlalchemy.orm", "Session"), ("sqlalchemy.orm", "scoped_session"))
+_DJANGO = (
+    ("django.db.backends.base.base", "BaseDatabaseWrapper"),
+    # django.db.connection is a proxy to the default connection, not a wrapper itself.
+    ("django.utils.connection", "ConnectionProxy"),
+)
+
+
+def _is_async(conn: object) -> bool:
+    return isinstance(conn, psycopg.AsyncConnection) or _is(
+        conn, *_ASYNCPG, *_SA_ASYNC, *_SA_ASYNC_SESSION
+    )
+
+
+def _is_sync(conn: object) -> bool:
+    return isinstance(conn, psycopg.Connection) or _is(conn, *_SA_SYNC, *_SA_SESSION, *_DJANGO)
+
+
+def _unsupported(conn: object, function: str) -> TypeError:
+    name = f"{type(conn).__module__}.{type(conn).__qualname__}"
+    if function == "insert_job" and _is_sync(conn):
+        return TypeError(f"{name} is a blocking connection: use awa.bridge.insert_job_sync()")
+    if function == "insert_job_sync" and _is_async(conn):
+        return TypeError(f"{name} is an asyncio connection: use await awa.bridge.insert_job()")
+    return TypeError(f"awa.bridge.{function}() does not support {name}; supported: {SUPPORTED}")
+
+
+def _check_postgres(conn: object, name: str) -> None:
+    if name != "postgresql":
+        raise TypeError(f"awa.bridge needs a PostgreSQL connection, not {name} ({conn!r})")
+
+
+def _async_runner(conn: object) -> Callable[[Statement[Any]], Awaitable[Rows]]:
+    if isinstance(conn, psycopg.AsyncConnection):
+        return functools.partial(_run_psycopg_async, conn)
+    if _is(conn, *_ASYNCPG):
+        return functools.partial(_run_asyncpg, conn)
+    if _is(conn, *_SA_ASYNC, *_SA_ASYNC_SESSION):
+        return functools.partial(_run_sqlalchemy_async, conn)
+    raise _unsupported(conn, "insert_job")
+
+
+def _sync_runner(conn: object) -> Callable[[Statement[Any]], Rows]:
+    if isinstance(conn, psycopg.Connection):
+        return functools.partial(_run_psycopg, conn)
+    if _is(conn, *_SA_SYNC, *_SA_SESSION):
+        return functools.partial(_run_sqlalchemy, conn)
+    if _is(conn, *_DJANGO):
+        _check_postgres(conn, conn.vendor)  # type: ignore[attr-defined]
+        return functools.partial(_run_django, conn)
+    raise _unsupported(conn, "insert_job_sync")
+
+
+# --- One statement on each driver ---------------------------------------------------------
+
+
+def _rows_of(step: Statement[Any]) -> Statement[Rows]:
+    return dataclasses.replace(step, decode=_identity)
+
+
+def _identity(rows: Rows) -> Rows:
+    return rows
+
+
+async def _run_psycopg_async(conn: psycopg.AsyncConnection[Any], step: Statement[Any]) -> Rows:
+    return await run_async(conn, _rows_of(step))
+
+
+def _run_psycopg(conn: psycopg.Connection[Any], step: Statement[Any]) -> Rows:
+    return run_sync(conn, _rows_of(step))
+
+
+async def _run_asyncpg(conn: Any, step: Statement[Any]) -> Rows:
+    sql, names = _convert(step.sql, "asyncpg")
+    params = _named(step)
+    # A prepared statement tells the column types, so jsonb text is decoded and nothing
+    # about the caller's connection (its codecs) has to change.
+    prepared = await conn.prepare(sql)
+    records = await prepared.fetch(*(params[name] for name in names))
+    columns = [(attr.name, attr.type.oid) for attr in prepared.get_attributes()]
+    return _decode_rows(columns, [tuple(record) for record in records])
+
+
+def _sqlalchemy_sql(step: Statement[Any]) -> Any:
+    from sqlalchemy import text
+
+    return text(_convert(step.sql, "sqlalchemy")[0])
+
+
+def _sqlalchemy_rows(result: Any) -> Rows:
+    cursor = result.cursor
+    return _decode_rows(cursor.description if cursor is not None else None, result.all())
+
+
+async def _run_sqlalchemy_async(conn: Any, step: Statement[Any]) -> Rows:
+    if _is(conn, *_SA_ASYNC_SESSION):
+        conn = await conn.connection()  # the session's connection, in its transaction
+    _check_postgres(conn, conn.dialect.name)
+    result = await conn.execute(_sqlalchemy_sql(step), dict(_named(step)))
+    return _sqlalchemy_rows(result)
+
+
+def _run_sqlalchemy(conn: Any, step: Statement[Any]) -> Rows:
+    if _is(conn, *_SA_SESSION):
+        conn = conn.connection()
+    _check_postgres(conn, conn.dialect.name)
+    return _sqlalchemy_rows(conn.execute(_sqlalchemy_sql(step), dict(_named(step))))
+
+
+def _run_django(conn: Any, step: Statement[Any]) -> Rows:
+    # Django passes pyformat SQL to its psycopg cursor unchanged. Without USE_TZ it returns
+    # naive timestamps in the session zone (a DST fold hour resolves to its first instance).
+    naive_tz = None
+    if conn.timezone is None and conn.timezone_name:
+        naive_tz = zoneinfo.ZoneInfo(conn.timezone_name)
+    with conn.cursor() as cursor:
+        cursor.execute(step.sql, _named(step))
+        values = cursor.fetchall() if cursor.description is not None else []
+        return _decode_rows(cursor.description, values, naive_tz)
