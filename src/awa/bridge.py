@@ -13,7 +13,6 @@ Database errors surface as the driver's own exceptions, so the caller's framewor
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import functools
 import json
@@ -250,20 +249,16 @@ def _sync_runner(conn: object) -> Callable[[Statement[Any]], Rows]:
 # --- One statement on each driver ---------------------------------------------------------
 
 
-def _rows_of(step: Statement[Any]) -> Statement[Rows]:
-    return dataclasses.replace(step, decode=_identity)
-
-
-def _identity(rows: Rows) -> Rows:
-    return rows
+def _undecoded(step: Statement[Any]) -> Statement[Rows]:
+    return Statement(step.sql, step.params, lambda rows: rows)
 
 
 async def _run_psycopg_async(conn: psycopg.AsyncConnection[Any], step: Statement[Any]) -> Rows:
-    return await run_async(conn, _rows_of(step))
+    return await run_async(conn, _undecoded(step))
 
 
 def _run_psycopg(conn: psycopg.Connection[Any], step: Statement[Any]) -> Rows:
-    return run_sync(conn, _rows_of(step))
+    return run_sync(conn, _undecoded(step))
 
 
 async def _run_asyncpg(conn: Any, step: Statement[Any]) -> Rows:
@@ -277,10 +272,10 @@ async def _run_asyncpg(conn: Any, step: Statement[Any]) -> Rows:
     return _decode_rows(columns, [tuple(record) for record in records])
 
 
-def _sqlalchemy_sql(step: Statement[Any]) -> Any:
+def _sqlalchemy_args(step: Statement[Any]) -> tuple[Any, dict[str, Any]]:
     from sqlalchemy import text
 
-    return text(_convert(step.sql, "sqlalchemy")[0])
+    return text(_convert(step.sql, "sqlalchemy")[0]), dict(_named(step))
 
 
 def _sqlalchemy_rows(result: Any) -> Rows:
@@ -292,15 +287,14 @@ async def _run_sqlalchemy_async(conn: Any, step: Statement[Any]) -> Rows:
     if _is(conn, *_SA_ASYNC_SESSION):
         conn = await conn.connection()  # the session's connection, in its transaction
     _check_postgres(conn, conn.dialect.name)
-    result = await conn.execute(_sqlalchemy_sql(step), dict(_named(step)))
-    return _sqlalchemy_rows(result)
+    return _sqlalchemy_rows(await conn.execute(*_sqlalchemy_args(step)))
 
 
 def _run_sqlalchemy(conn: Any, step: Statement[Any]) -> Rows:
     if _is(conn, *_SA_SESSION):
         conn = conn.connection()
     _check_postgres(conn, conn.dialect.name)
-    return _sqlalchemy_rows(conn.execute(_sqlalchemy_sql(step), dict(_named(step))))
+    return _sqlalchemy_rows(conn.execute(*_sqlalchemy_args(step)))
 
 
 def _run_django(conn: Any, step: Statement[Any]) -> Rows:
