@@ -207,7 +207,7 @@ def test_job_cancel(
 ) -> None:
     job = sync_client.insert(SendEmail("a"))
     result = ok("job", "cancel", str(job.id), url=database_url)
-    assert result.stdout == f"job {job.id} cancelled; it is now cancelled\n"
+    assert result.stdout == f"job {job.id} is now cancelled\n"
     assert job_state(conn, job.id) == "cancelled"
 
     other = sync_client.insert(SendEmail("b"))
@@ -236,7 +236,7 @@ def test_job_retry(
     job = sync_client.insert(SendEmail("a"), max_attempts=3)
     set_state(conn, job.id, "failed", attempt=3, finalized_at=dt.datetime.now(dt.UTC))
     result = ok("job", "retry", str(job.id), url=database_url)
-    assert result.stdout == f"job {job.id} queued for retry; it is now available\n"
+    assert result.stdout == f"job {job.id} is now available; it runs again with up to 3 attempts\n"
     row = conn.execute("SELECT state::text, attempt FROM awa.jobs WHERE id = %s", (job.id,))
     assert row.fetchone() == ("available", 0)
 

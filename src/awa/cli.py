@@ -307,7 +307,12 @@ _STATE_NAMES = ", ".join(state.value for state in JobState)
 @click.option("--kind", help="Only jobs of this kind.")
 @click.option("--queue", help="Only jobs in this queue.")
 @click.option(
-    "--limit", type=click.IntRange(min=1), default=50, show_default=True, help="At most N jobs."
+    "--limit",
+    type=click.IntRange(min=1),
+    default=50,
+    show_default=True,
+    metavar="N",
+    help="Show at most N jobs.",
 )
 @json_option
 @pass_client
@@ -431,8 +436,9 @@ def get_job(client: awa.Client, job_id: int, as_json: bool) -> None:
 
 
 def _report_change(
-    client: awa.Client, job_id: int, row: JobRow | None, as_json: bool, verb: str, rule: str
+    client: awa.Client, job_id: int, row: JobRow | None, as_json: bool, rule: str, note: str = ""
 ) -> None:
+    """Print the changed row, or say why there is none (unknown id, or the rule it broke)."""
     if row is None:
         current = client.get_job(job_id)
         if current is None:
@@ -441,7 +447,7 @@ def _report_change(
     if as_json:
         print_json(row)
     else:
-        click.echo(f"job {row.id} {verb}; it is now {row.state.value}")
+        click.echo(f"job {row.id} is now {row.state.value}{note}")
 
 
 @job.command("cancel")
@@ -454,9 +460,7 @@ def cancel_job(client: awa.Client, job_id: int, as_json: bool) -> None:
     A running attempt is told to stop; whatever it writes afterwards is ignored.
     """
     row = client.cancel(job_id)
-    _report_change(
-        client, job_id, row, as_json, "cancelled", "only unfinished jobs can be cancelled"
-    )
+    _report_change(client, job_id, row, as_json, "only unfinished jobs can be cancelled")
 
 
 @job.command("retry")
@@ -471,7 +475,8 @@ def retry_job(client: awa.Client, job_id: int, as_json: bool) -> None:
     """
     row = client.retry(job_id)
     rule = "only failed, cancelled or waiting_external jobs can be retried"
-    _report_change(client, job_id, row, as_json, "queued for retry", rule)
+    note = f"; it runs again with up to {row.max_attempts} attempts" if row else ""
+    _report_change(client, job_id, row, as_json, rule, note)
 
 
 @job.command("retry-failed")
