@@ -63,7 +63,12 @@ def session_database(server_url: str) -> Iterator[str]:
 def database_url(session_database: str) -> str:
     """The session database, emptied of jobs and queue state."""
     with psycopg.connect(session_database, autocommit=True) as conn:
-        conn.execute("TRUNCATE awa.jobs, awa.queues RESTART IDENTITY")
+        # DELETE, not TRUNCATE: on tables this small it takes under a millisecond, while
+        # TRUNCATE (new files for the table and every index) costs ~80 ms per test.
+        conn.execute(
+            "DELETE FROM awa.jobs; DELETE FROM awa.queues;"
+            " SELECT setval(pg_get_serial_sequence('awa.jobs', 'id'), 1, false)"
+        )
     return session_database
 
 
