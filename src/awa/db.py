@@ -8,8 +8,11 @@ from collections.abc import Callable, Coroutine, Generator, Iterator, Mapping, S
 from dataclasses import dataclass
 from typing import Any, Generic, LiteralString, ParamSpec, TypeVar, overload
 
+import orjson
 import psycopg
 import psycopg_pool
+from psycopg.adapt import AdaptersMap
+from psycopg.types.json import set_json_loads
 from psycopg.rows import dict_row
 
 from awa.errors import DatabaseError, SchemaNotMigrated, UniqueConflict, ValidationError
@@ -36,8 +39,14 @@ def resolve_database_url(url: str | None = None) -> str:
     return embedded_database_url()
 
 
+# Adapters for awa's own connections: JSON decoded with orjson (several times faster than
+# the standard library on the claim path). Users' connections keep psycopg's defaults.
+ADAPTERS = AdaptersMap(psycopg.adapters)
+set_json_loads(orjson.loads, ADAPTERS)
+
+
 def connection_kwargs(application_name: str) -> dict[str, Any]:
-    return {"autocommit": True, "application_name": application_name}
+    return {"autocommit": True, "application_name": application_name, "context": ADAPTERS}
 
 
 def async_pool(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import json
+import orjson
 import math
 import struct
 import time
@@ -78,7 +78,7 @@ class PreparedJob:
     def recordset_json(self) -> str:
         """This job as one element of the ``insert_jobs`` JSON array (built without re-encoding
         args and metadata)."""
-        head = json.dumps(
+        head = orjson.dumps(
             {
                 "kind": self.kind,
                 "queue": self.queue,
@@ -94,39 +94,76 @@ class PreparedJob:
                     if self.deadline_duration is not None
                     else None
                 ),
-            },
-            ensure_ascii=False,
-            separators=(",", ":"),
-        )
+            }
+        ).decode()
         return f'{head[:-1]},"args":{self.args_json},"metadata":{self.metadata_json}}}'
 
 
-def prepare_job(args: Any, *, kind: str | None, opts: InsertOpts) -> PreparedJob:
-    """Validate one job and turn it into a PreparedJob; raises ValidationError."""
-    if isinstance(args, EnqueueRequest):
-        kind = args.kind_override or kind
-        opts = args.resolve(opts)
-        args = args.args
+@dataclasses.dataclass(frozen=True, slots=True)
+class CheckedOpts:
+    """InsertOpts after validation and conversion, shared by every job inserted with them."""
+
+    opts: InsertOpts
+    run_at: dt.datetime | None
+    metadata_json: str
+    tags: list[str]
+    unique: UniqueOpts | None
+    ordering_key: bytes | None
+    deadline_duration: dt.timedelta | None
+
+
+def check_opts(opts: InsertOpts) -> CheckedOpts:
+    """Validate options once; raises ValidationError naming the field and its limit."""
     opts.validated()
+    ordering = opts.ordering_key
+    return CheckedOpts(
+        opts=opts,
+        run_at=check_run_at(opts.run_at) if opts.run_at is not None else None,
+        metadata_json=dump_json(dict(opts.metadata) if opts.metadata else {}, "metadata"),
+        tags=list(opts.tags),
+        unique=UniqueOpts.coerce(opts.unique),
+        ordering_key=ordering.encode() if isinstance(ordering, str) else (
+            bytes(ordering) if ordering is not None else None
+        ),
+        deadline_duration=(
+            to_timedelta(opts.deadline_duration, "deadline_duration")
+            if opts.deadline_duration is not None
+            else None
+        ),
+    )
+
+
+def prepare_job(
+    args: Any, *, kind: str | None, opts: InsertOpts, checked: CheckedOpts | None = None
+) -> PreparedJob:
+    """Validate one job and turn it into a PreparedJob; raises ValidationError.
+
+    ``checked`` is ``check_opts(opts)`` when the caller already has it (batches).
+    """
+    if isinstance(args, EnqueueRequest):
+        kind = args.kind_override if args.kind_override is not None else kind
+        request_opts = args.resolve(opts)
+        if request_opts is not opts:
+            checked = None
+        opts = request_opts
+        args = args.args
+    if checked is None:
+        checked = check_opts(opts)
     job_kind = check_name("kind", kind_for(args, kind))
     value = args_to_json_value(args)
     args_json = dump_json(value, "args")
-    metadata = dict(opts.metadata) if opts.metadata is not None else {}
-    metadata_json = dump_json(metadata, "metadata")
-    run_at = check_run_at(opts.run_at) if opts.run_at is not None else None
     key: bytes | None = None
     states: int | None = None
-    unique = UniqueOpts.coerce(opts.unique)
+    unique = checked.unique
     if unique is not None:
         period = unique.period_seconds
         key = unique_key(
             job_kind,
             opts.queue if unique.by_queue else None,
             dump_json(value, "args", sort_keys=True) if unique.by_args else None,
-            period_bucket(period, run_at) if period is not None else None,
+            period_bucket(period, checked.run_at) if period is not None else None,
         )
         states = unique.mask
-    ordering = opts.ordering_key
     return PreparedJob(
         kind=job_kind,
         queue=opts.queue,
@@ -134,19 +171,13 @@ def prepare_job(args: Any, *, kind: str | None, opts: InsertOpts) -> PreparedJob
         args_json=args_json,
         priority=opts.priority,
         max_attempts=opts.max_attempts,
-        run_at=run_at,
-        metadata_json=metadata_json,
-        tags=list(opts.tags),
+        run_at=checked.run_at,
+        metadata_json=checked.metadata_json,
+        tags=checked.tags,
         unique_key=key,
         unique_states=states,
-        ordering_key=ordering.encode()
-        if isinstance(ordering, str)
-        else (bytes(ordering) if ordering is not None else None),
-        deadline_duration=(
-            to_timedelta(opts.deadline_duration, "deadline_duration")
-            if opts.deadline_duration is not None
-            else None
-        ),
+        ordering_key=checked.ordering_key,
+        deadline_duration=checked.deadline_duration,
     )
 
 
@@ -196,9 +227,10 @@ def prepare_many(jobs: Iterable[Any], *, kind: str | None, opts: InsertOpts) -> 
     if isinstance(jobs, Mapping | str | bytes):
         raise ValidationError("insert_many() takes a list of jobs")
     prepared = []
+    checked = check_opts(opts)
     for index, item in enumerate(jobs):
         try:
-            prepared.append(prepare_job(item, kind=kind, opts=opts))
+            prepared.append(prepare_job(item, kind=kind, opts=opts, checked=checked))
         except ValidationError as error:
             raise ValidationError(f"job {index}: {error}") from None
     return prepared
@@ -336,7 +368,7 @@ def copied_job(job: PreparedJob, job_id: int, now: dt.datetime) -> JobRow:
         deadline_at=None,
         deadline_duration=job.deadline_duration,
         errors=[],
-        metadata=json.loads(job.metadata_json),
+        metadata=orjson.loads(job.metadata_json),
         tags=list(job.tags),
         unique_key=None,
         unique_states=None,
