@@ -32,7 +32,11 @@ from awa.model import JobRow
 Params = Sequence[Any] | Mapping[str, Any]
 
 
-def _params(args: tuple[Any, ...]) -> Params:
+def _params(args: tuple[Any, ...]) -> Params | None:
+    if not args:
+        # No parameters: the text is sent as is, so a literal % needs no escaping and
+        # several statements separated by semicolons may run in one call.
+        return None
     if len(args) == 1 and isinstance(args[0], Mapping):
         return cast(Mapping[str, Any], args[0])
     return args
