@@ -3,12 +3,13 @@
 ``async with client.transaction() as tx`` commits when the block ends normally and rolls back
 when it raises; ``tx = await client.transaction()`` gives the same object for explicit
 ``commit()`` / ``rollback()``. Statements take psycopg placeholders (``%s``, or ``%(name)s``
-with one mapping argument) and return rows as dicts.
+with one mapping argument) and return rows as dicts; their SQL errors are psycopg's own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
+import contextlib
+from collections.abc import Awaitable, Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import Any, Self, Unpack, cast
@@ -17,7 +18,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from awa.db import drive_async, drive_sync, translate_errors
-from awa.errors import AwaError
+from awa.errors import AwaError, DatabaseError
 from awa.insert import (
     InsertKwargs,
     PreparedJob,
@@ -40,6 +41,17 @@ def _params(args: tuple[Any, ...]) -> Params | None:
     if len(args) == 1 and isinstance(args[0], Mapping):
         return cast(Mapping[str, Any], args[0])
     return args
+
+
+@contextlib.contextmanager
+def _own_statement_errors() -> Iterator[None]:
+    """Errors of the caller's own statements stay psycopg's: an unknown column or a duplicate
+    key in the caller's table is not a missing awa schema or a job UniqueConflict. Only a
+    lost connection becomes DatabaseError, as everywhere else."""
+    try:
+        yield
+    except psycopg.OperationalError as error:
+        raise DatabaseError(f"database unavailable: {error}") from error
 
 
 async def insert_prepared_async(
@@ -141,12 +153,12 @@ class Transaction:
 
     async def execute(self, query: str, *params: Any) -> int:
         """Run a statement; returns the number of rows it affected."""
-        with translate_errors():
+        with _own_statement_errors():
             cursor = await self.connection.execute(query, _params(params))
         return cursor.rowcount
 
     async def fetch_all(self, query: str, *params: Any) -> list[dict[str, Any]]:
-        with translate_errors():
+        with _own_statement_errors():
             async with self.connection.cursor(row_factory=dict_row) as cursor:
                 await cursor.execute(query, _params(params))
                 return await cursor.fetchall()
@@ -236,12 +248,12 @@ class SyncTransaction:
         return insert_prepared_sync(self.connection, prepare_many(jobs, kind=kind, opts=opts))
 
     def execute(self, query: str, *params: Any) -> int:
-        with translate_errors():
+        with _own_statement_errors():
             cursor = self.connection.execute(query, _params(params))
         return cursor.rowcount
 
     def fetch_all(self, query: str, *params: Any) -> list[dict[str, Any]]:
-        with translate_errors(), self.connection.cursor(row_factory=dict_row) as cursor:
+        with _own_statement_errors(), self.connection.cursor(row_factory=dict_row) as cursor:
             cursor.execute(query, _params(params))
             return cursor.fetchall()
 
