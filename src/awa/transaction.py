@@ -2,7 +2,8 @@
 
 ``async with client.transaction() as tx`` commits when the block ends normally and rolls back
 when it raises; ``tx = await client.transaction()`` gives the same object for explicit
-``commit()`` / ``rollback()``. Statements take psycopg placeholders (``%s``, or ``%(name)s``
+``commit()`` / ``rollback()``. Committing after a statement failed rolls back and raises
+AwaError, so a commit that returns really committed. Statements take psycopg placeholders (``%s``, or ``%(name)s``
 with one mapping argument) and return rows as dicts; their SQL errors are psycopg's own.
 """
 
@@ -81,6 +82,18 @@ class _Finished(AwaError):
 
 def _finished() -> AwaError:
     return _Finished("the transaction was already committed or rolled back")
+
+
+def _failed(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """Whether a statement failed in the open transaction (Postgres then refuses to commit,
+    and COMMIT silently rolls back)."""
+    return conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
+
+
+def _rolled_back_instead() -> AwaError:
+    return AwaError(
+        "a statement in this transaction failed, so it was rolled back instead of committed"
+    )
 
 
 class Transaction:
@@ -185,6 +198,9 @@ class Transaction:
             raise _finished()
         self._done = True
         conn, block = self._conn, self._block
+        failed = rollback is None and _failed(conn)
+        if failed:
+            rollback = psycopg.Rollback()
         try:
             with translate_errors():
                 if rollback is None:
@@ -193,6 +209,8 @@ class Transaction:
                     await block.__aexit__(type(rollback), rollback, None)
         finally:
             await self._release(conn)
+        if failed:
+            raise _rolled_back_instead()
 
 
 class SyncTransaction:
@@ -277,6 +295,9 @@ class SyncTransaction:
         if self._done:
             raise _finished()
         self._done = True
+        failed = rollback is None and _failed(self._conn)
+        if failed:
+            rollback = psycopg.Rollback()
         try:
             with translate_errors():
                 if rollback is None:
@@ -285,3 +306,5 @@ class SyncTransaction:
                     self._block.__exit__(type(rollback), rollback, None)
         finally:
             self._release(self._conn)
+        if failed:
+            raise _rolled_back_instead()
