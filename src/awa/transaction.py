@@ -3,8 +3,9 @@
 ``async with client.transaction() as tx`` commits when the block ends normally and rolls back
 when it raises; ``tx = await client.transaction()`` gives the same object for explicit
 ``commit()`` / ``rollback()``. Committing after a statement failed rolls back and raises
-AwaError, so a commit that returns really committed. Statements take psycopg placeholders (``%s``, or ``%(name)s``
-with one mapping argument) and return rows as dicts; their SQL errors are psycopg's own.
+AwaError, so a commit that returns really committed. Statements take psycopg placeholders
+(``%s``, or ``%(name)s`` with one mapping argument) and return rows as dicts; their SQL
+errors are psycopg's own.
 """
 
 from __future__ import annotations
