@@ -15,6 +15,10 @@ if TYPE_CHECKING:
 A = TypeVar("A")
 
 
+def _from_epoch(seconds: float) -> dt.datetime:
+    return dt.datetime.fromtimestamp(seconds, dt.UTC)
+
+
 class Job(Generic[A]):
     """One attempt of a job, as seen by its handler.
 
@@ -25,23 +29,23 @@ class Job(Generic[A]):
 
     __slots__ = (
         "_args",
+        "_attempted_at",
         "_cancelled",
+        "_created_at",
+        "_deadline",
+        "_errors",
+        "_metadata",
         "_progress",
         "_progress_version",
+        "_run_at",
         "_services",
         "attempt",
-        "attempted_at",
-        "created_at",
-        "deadline",
-        "errors",
         "id",
         "kind",
         "max_attempts",
-        "metadata",
         "priority",
         "queue",
         "raw_args",
-        "run_at",
         "run_lease",
         "tags",
     )
@@ -75,12 +79,12 @@ class Job(Generic[A]):
         self.attempt = attempt
         self.max_attempts = max_attempts
         self.run_lease = run_lease
-        self.run_at = run_at
-        self.created_at = created_at
-        self.attempted_at = attempted_at
-        self.deadline = deadline
-        self.errors = errors
-        self.metadata = metadata
+        self._run_at: dt.datetime | float = run_at
+        self._created_at: dt.datetime | float = created_at
+        self._attempted_at: dt.datetime | float | None = attempted_at
+        self._deadline: dt.datetime | float | None = deadline
+        self._errors: list[dict[str, Any]] | None = errors
+        self._metadata: dict[str, Any] | None = metadata
         self.tags = tags
         self._progress = progress
         self._progress_version = 0
@@ -88,10 +92,84 @@ class Job(Generic[A]):
         self._services = services
         self._args: Any = None
 
+    @classmethod
+    def from_claim(cls, row: tuple[Any, ...], services: AttemptServices | None) -> Job[Any]:
+        """Build from a row of the ``claim_jobs`` query (column order as listed there).
+
+        The claim path builds thousands of these per second, so it skips ``__init__`` and
+        keeps timestamps as epoch seconds until someone reads them.
+        """
+        job: Job[Any] = cls.__new__(cls)
+        (
+            job.id,
+            job.kind,
+            job.queue,
+            job.raw_args,
+            job.priority,
+            job.attempt,
+            job.max_attempts,
+            job.run_lease,
+            job._run_at,
+            job._created_at,
+            job._attempted_at,
+            job._deadline,
+            job._errors,
+            job._metadata,
+            job.tags,
+            job._progress,
+        ) = row
+        job._progress_version = 0
+        job._cancelled = False
+        job._services = services
+        job._args = None
+        return job
+
     @property
     def args(self) -> A:
         """The job's args, decoded into the handler's args type."""
         return self._args  # type: ignore[no-any-return]
+
+    @property
+    def run_at(self) -> dt.datetime:
+        value = self._run_at
+        if isinstance(value, float):
+            value = self._run_at = _from_epoch(value)
+        return value
+
+    @property
+    def created_at(self) -> dt.datetime:
+        value = self._created_at
+        if isinstance(value, float):
+            value = self._created_at = _from_epoch(value)
+        return value
+
+    @property
+    def attempted_at(self) -> dt.datetime | None:
+        value = self._attempted_at
+        if isinstance(value, float):
+            value = self._attempted_at = _from_epoch(value)
+        return value
+
+    @property
+    def deadline(self) -> dt.datetime | None:
+        """When this attempt's deadline passes (None: no deadline)."""
+        value = self._deadline
+        if isinstance(value, float):
+            value = self._deadline = _from_epoch(value)
+        return value
+
+    @property
+    def errors(self) -> list[dict[str, Any]]:
+        """Error history of earlier attempts, oldest first."""
+        if self._errors is None:
+            self._errors = []
+        return self._errors
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        if self._metadata is None:
+            self._metadata = {}
+        return self._metadata
 
     @property
     def state(self) -> JobState:

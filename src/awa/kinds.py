@@ -25,6 +25,7 @@ T = TypeVar("T")
 _BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 
 
+@functools.lru_cache(maxsize=4096)
 def derive_kind(name: str) -> str:
     """The kind of an args class from its name: ``SMTPEmail`` -> ``smtp_email``.
 

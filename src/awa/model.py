@@ -318,9 +318,10 @@ class EnqueueRequest(Generic[A]):
         return f"EnqueueRequest({self._args!r}{', ' + opts if opts else ''})"
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)
 class JobRow:
-    """A snapshot of one job row as committed in the database."""
+    """A snapshot of one job row as committed in the database (a plain record: changing it
+    changes nothing in the database)."""
 
     id: int
     kind: str

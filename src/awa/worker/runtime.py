@@ -215,53 +215,14 @@ class Runtime:
         }
         with translate_errors():
             async with self._client.connection() as conn:
-                async with conn.cursor(row_factory=tuple_row) as cursor:
+                async with conn.cursor(row_factory=tuple_row, binary=True) as cursor:
                     await cursor.execute(query("claim_jobs"), params)
                     rows = await cursor.fetchall()
-        jobs = [self._job_from_claim(row) for row in rows]
-        jobs.sort(key=lambda job: (job.priority, job.run_at, job.id))
+        jobs = [Job.from_claim(row, self) for row in rows]
+        jobs.sort(key=lambda job: (job.priority, job._run_at, job.id))
         for job in jobs:
             self.inflight.add(job)
         return jobs
-
-    def _job_from_claim(self, row: tuple[Any, ...]) -> Job[Any]:
-        (
-            job_id,
-            kind,
-            queue,
-            args,
-            priority,
-            attempt,
-            max_attempts,
-            run_lease,
-            run_at,
-            created_at,
-            attempted_at,
-            deadline_at,
-            errors,
-            metadata,
-            tags,
-            progress,
-        ) = row
-        return Job(
-            id=job_id,
-            kind=kind,
-            queue=queue,
-            raw_args=args,
-            priority=priority,
-            attempt=attempt,
-            max_attempts=max_attempts,
-            run_lease=run_lease,
-            run_at=run_at,
-            created_at=created_at,
-            attempted_at=attempted_at,
-            deadline=deadline_at,
-            errors=errors,
-            metadata=metadata,
-            tags=tags,
-            progress=progress,
-            services=self,
-        )
 
     async def _execute(self, job: Job[Any], queue: QueueConfig) -> None:
         task = self.registry.get(job.kind)
