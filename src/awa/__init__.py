@@ -3,7 +3,7 @@
 Jobs are rows in Postgres, inserted inside your own transaction and run by asyncio workers.
 """
 
-from awa import admin
+from awa import admin, bridge
 from awa.admin import QueueStats
 from awa.client import AsyncClient, Client
 from awa.errors import (
@@ -59,5 +59,6 @@ __all__ = [
     "ValidationError",
     "__version__",
     "admin",
+    "bridge",
     "derive_kind",
 ]

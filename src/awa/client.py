@@ -22,6 +22,8 @@ from awa.admin import QueueStats
 from awa.db import (
     DEFAULT_APPLICATION_NAME,
     async_pool,
+    check_connection_async,
+    check_connection_sync,
     drive_async,
     drive_sync,
     resolve_database_url,
@@ -97,6 +99,7 @@ class AsyncClient:
                         max_size=self._max_connections,
                         application_name=self._application_name,
                     )
+                    await check_connection_async(pool.conninfo)
                     with translate_errors():
                         await pool.open(wait=True, timeout=30)
                     self._pool = pool
@@ -349,6 +352,7 @@ class Client:
                         max_size=self._max_connections,
                         application_name=self._application_name,
                     )
+                    check_connection_sync(pool.conninfo)
                     with translate_errors():
                         pool.open(wait=True, timeout=30)
                     self._pool = pool

@@ -75,6 +75,45 @@ def sync_pool(
     )
 
 
+CONNECT_TIMEOUT = 10
+
+
+def redact(url: str) -> str:
+    """The connection string without its password, for messages."""
+    if not url:
+        return "(from the PG* environment variables)"
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return "(unparsable connection string)"
+    params.pop("password", None)
+    return psycopg.conninfo.make_conninfo(**params)
+
+
+def _unreachable(url: str, error: psycopg.Error) -> DatabaseError:
+    safe = redact(url)
+    detail = " ".join(str(error).split())
+    return DatabaseError(f"cannot connect to the database {safe}: {detail}")
+
+
+async def check_connection_async(url: str) -> None:
+    """Fail fast, with the reason, when the database cannot be reached (a pool would retry
+    quietly for its whole timeout)."""
+    try:
+        conn = await psycopg.AsyncConnection.connect(url, connect_timeout=CONNECT_TIMEOUT)
+    except psycopg.Error as error:
+        raise _unreachable(url, error) from error
+    await conn.close()
+
+
+def check_connection_sync(url: str) -> None:
+    try:
+        conn = psycopg.connect(url, connect_timeout=CONNECT_TIMEOUT)
+    except psycopg.Error as error:
+        raise _unreachable(url, error) from error
+    conn.close()
+
+
 _SCHEMA_ERRORS = (
     psycopg.errors.UndefinedTable,
     psycopg.errors.InvalidSchemaName,

@@ -106,7 +106,7 @@ RETURNING queue
 -- Resuming wakes the queue's workers at once instead of at their next poll.
 WITH resumed AS (
     UPDATE awa.queues SET paused = false, paused_at = NULL, paused_by = NULL
-    WHERE queue = %(queue)s
+    WHERE queue = %(queue)s AND paused
     RETURNING queue
 )
 SELECT r.queue FROM resumed AS r
@@ -141,7 +141,10 @@ WITH counts AS (
 SELECT names.queue,
        COALESCE(per_queue.counts, '{}'::jsonb) AS counts,
        oldest.oldest_run_at,
-       GREATEST(EXTRACT(EPOCH FROM now() - oldest.oldest_run_at), 0)::double precision
+       -- GREATEST ignores NULLs, so test for a missing oldest job explicitly.
+       CASE WHEN oldest.oldest_run_at IS NOT NULL
+            THEN GREATEST(EXTRACT(EPOCH FROM now() - oldest.oldest_run_at), 0)::double precision
+       END
            AS oldest_available_age,
        COALESCE(q.paused, false) AS paused,
        q.paused_by
