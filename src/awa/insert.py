@@ -13,7 +13,8 @@ import orjson
 import math
 import struct
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, TypedDict
 
 import blake3
@@ -122,9 +123,9 @@ def check_opts(opts: InsertOpts) -> CheckedOpts:
         metadata_json=dump_json(dict(opts.metadata) if opts.metadata else {}, "metadata"),
         tags=list(opts.tags),
         unique=UniqueOpts.coerce(opts.unique),
-        ordering_key=ordering.encode() if isinstance(ordering, str) else (
-            bytes(ordering) if ordering is not None else None
-        ),
+        ordering_key=ordering.encode()
+        if isinstance(ordering, str)
+        else (bytes(ordering) if ordering is not None else None),
         deadline_duration=(
             to_timedelta(opts.deadline_duration, "deadline_duration")
             if opts.deadline_duration is not None
@@ -254,7 +255,8 @@ def insert_flow(jobs: Sequence[PreparedJob]) -> Flow[list[JobRow]]:
         missing = missing_unique_keys(chunk, rows)
         if missing:
             holders = yield Statement(query("unique_key_holders"), {"keys": missing}, _holders)
-            raise unique_conflict(chunk, missing, holders)
+            batch_ids = {int(row["id"]) for row in (*inserted, *rows)}
+            raise unique_conflict(chunk, missing, holders, batch_ids)
         inserted.extend(rows)
     return rows_to_jobs(inserted)
 
@@ -295,21 +297,42 @@ def _holders(rows: list[dict[str, Any]]) -> dict[bytes, int]:
 def missing_unique_keys(
     jobs: Sequence[PreparedJob], inserted: Sequence[Mapping[str, Any]]
 ) -> list[bytes]:
-    """Unique keys that were requested but not inserted (held by another job)."""
+    """Unique keys that were requested but not inserted: held by another job, or by an
+    earlier job of the same batch (ON CONFLICT DO NOTHING skips the later duplicate, so each
+    inserted row accounts for one request of its key, not all of them)."""
     if len(inserted) == len(jobs):
         return []
-    got = {bytes(row["unique_key"]) for row in inserted if row["unique_key"] is not None}
-    return [
-        job.unique_key for job in jobs if job.unique_key is not None and job.unique_key not in got
-    ]
+    unclaimed = Counter(
+        bytes(row["unique_key"]) for row in inserted if row["unique_key"] is not None
+    )
+    missing = []
+    for job in jobs:
+        if job.unique_key is None:
+            continue
+        if unclaimed[job.unique_key] > 0:
+            unclaimed[job.unique_key] -= 1
+        else:
+            missing.append(job.unique_key)
+    return missing
 
 
 def unique_conflict(
-    jobs: Sequence[PreparedJob], missing: Sequence[bytes], holders: Mapping[bytes, int]
+    jobs: Sequence[PreparedJob],
+    missing: Sequence[bytes],
+    holders: Mapping[bytes, int],
+    batch_ids: Collection[int] = (),
 ) -> UniqueConflict:
     key = missing[0]
     job = next(job for job in jobs if job.unique_key == key)
     holder = holders.get(key)
+    if holder is not None and holder in batch_ids:
+        # The holder is a row of this very batch, which the conflict rolls back.
+        return UniqueConflict(
+            f"two {job.kind!r} jobs in the same batch have the same unique key "
+            f"{key.hex()} ({UNIQUE_INDEX})",
+            job_id=None,
+            constraint=UNIQUE_INDEX,
+        )
     holder_text = f"job {holder}" if holder is not None else "another job"
     return UniqueConflict(
         f"a {job.kind!r} job with the same unique key already exists: {holder_text} holds "
