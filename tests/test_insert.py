@@ -298,3 +298,46 @@ def test_sync_insert_many_copy(sync_client: awa.Client, conn: Conn) -> None:
     assert [job.args["i"] for job in jobs] == list(range(50))
     assert [sync_client.get_job(job.id) for job in jobs] == jobs
     assert count_jobs(conn, "kind = 'sync_copy'") == 50
+
+
+async def test_insert_many_copy_text_escaping_round_trips(client: awa.AsyncClient) -> None:
+    tags = ['quote"d', "back\\slash", "com,ma", "{braces}", " pad ", "NULL", "", "tab\there"]
+    args = {"s": 'x\\y\t"z"\n\r', "copy_null": "\\N", "u": "\u2028\x01ü✓"}
+    jobs = await client.insert_many_copy(
+        [
+            awa.EnqueueRequest(args, kind="escapes")
+            .tags(tags)
+            .ordering_key(b"\\x00\x00\n\t")
+            .metadata({"m": "\\N\n"}),
+            awa.EnqueueRequest(SendEmail("x")).run_at(
+                dt.datetime(2000, 1, 1, tzinfo=dt.timezone(dt.timedelta(hours=3)))
+            ),
+        ]
+    )
+    for job in jobs:
+        assert await client.get_job(job.id) == job
+    assert jobs[0].tags == tags
+    assert jobs[0].args == args
+
+
+@pytest.mark.parametrize(
+    "deadline",
+    [
+        0,
+        0.000001,
+        1e-7,
+        1.5,
+        123456789.123456,
+        dt.timedelta(days=3, microseconds=7),
+        dt.timedelta(microseconds=1),
+    ],
+    ids=repr,
+)
+async def test_deadline_duration_same_on_insert_and_copy(
+    client: awa.AsyncClient, deadline: float | dt.timedelta
+) -> None:
+    inserted = await client.insert(SendEmail("a"), deadline_duration=deadline)
+    (copied,) = await client.insert_many_copy([SendEmail("b")], deadline_duration=deadline)
+    assert await client.get_job(copied.id) == copied
+    assert copied.deadline_duration == inserted.deadline_duration
+    assert (await client.get_job(inserted.id)) == inserted

@@ -354,6 +354,15 @@ def array_literal(items: Sequence[str]) -> str:
     return "{" + ",".join(f'"{item}"' for item in quoted) + "}"
 
 
+def interval_literal(value: dt.timedelta) -> str:
+    """An exact interval literal in seconds (``str(float)`` would give ``1e-06``, which
+    Postgres refuses, and lose microseconds on long durations)."""
+    micros = value // dt.timedelta(microseconds=1)
+    sign = "-" if micros < 0 else ""
+    seconds, fraction = divmod(abs(micros), 1_000_000)
+    return f"{sign}{seconds}.{fraction:06d} seconds"
+
+
 def copy_rows(
     jobs: Sequence[PreparedJob], ids: Sequence[int], now: dt.datetime
 ) -> list[tuple[str | None, ...]]:
@@ -383,7 +392,7 @@ def copy_rows(
                 tags,
                 "\\x" + job.ordering_key.hex() if job.ordering_key is not None else None,
                 (
-                    f"{job.deadline_duration.total_seconds()} seconds"
+                    interval_literal(job.deadline_duration)
                     if job.deadline_duration is not None
                     else None
                 ),
