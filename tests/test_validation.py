@@ -100,6 +100,19 @@ BAD_INPUT: list[tuple[str, Any, dict[str, Any], tuple[str, ...]]] = [
     ("ordering-key-int", Ping(), {"ordering_key": 5}, ("ordering_key", "bytes")),
     ("deadline-negative", Ping(), {"deadline_duration": -1}, ("deadline_duration", "negative")),
     ("deadline-inf", Ping(), {"deadline_duration": float("inf")}, ("deadline_duration", "finite")),
+    ("deadline-huge", Ping(), {"deadline_duration": 1e20}, ("deadline_duration", "36525 days")),
+    (
+        "deadline-beyond-postgres",
+        Ping(),
+        {"deadline_duration": dt.timedelta(days=200_000_000)},
+        ("deadline_duration", "36525 days"),
+    ),
+    (
+        "deadline-101-years",
+        Ping(),
+        {"deadline_duration": dt.timedelta(days=36526)},
+        ("deadline_duration", "36525 days"),
+    ),
     ("unique-unknown-key", Ping(), {"unique_opts": {"by_qeue": True}}, ("unique_opts", "by_qeue")),
 ]
 
@@ -172,9 +185,12 @@ async def test_limits_themselves_are_accepted(
         priority=4,
         max_attempts=1000,
         run_at=dt.datetime(9999, 12, 31, 23, 59, tzinfo=dt.UTC),
+        deadline_duration=dt.timedelta(days=36525),
     )
     assert count_jobs(conn, "kind = %s AND queue = %s", "k" * 200, "q" * 200) == 1
     assert len(job.tags) == 20
+    assert job.deadline_duration == dt.timedelta(days=36525)
+    assert count_jobs(conn, "deadline_duration = interval '36525 days'") == 1
     assert job.args == {"text": "ünïcode ✓ \\u0000 is only text"}
 
 

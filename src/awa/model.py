@@ -137,10 +137,20 @@ def _seconds(value: float | dt.timedelta, field: str) -> float:
     return float(value)
 
 
+# Longest duration an option may give. Far beyond any real deadline, and far inside what a
+# Postgres interval (and now() plus it) can hold: make_interval() silently wraps around to
+# a negative interval past ~292,000 years, and timedelta itself stops at 999,999,999 days.
+MAX_DURATION = dt.timedelta(days=36525)
+
+
 def to_timedelta(value: float | dt.timedelta, field: str) -> dt.timedelta:
     seconds = _seconds(value, field)
     if seconds < 0:
         raise ValidationError(f"{field} must not be negative")
+    if seconds > MAX_DURATION.total_seconds():
+        raise ValidationError(
+            f"{field} is {seconds:g} seconds; the limit is {MAX_DURATION.days} days (100 years)"
+        )
     return dt.timedelta(seconds=seconds)
 
 
