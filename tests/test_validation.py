@@ -3,6 +3,7 @@ reaches the database, on every insert path."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime as dt
 from typing import Any
@@ -90,6 +91,20 @@ BAD_INPUT: list[tuple[str, Any, dict[str, Any], tuple[str, ...]]] = [
     ("args-set", {"s": {1, 2}}, {"kind": "k"}, ("args", "JSON", "set")),
     ("args-nan", {"f": float("nan")}, {"kind": "k"}, ("args", "JSON")),
     ("args-inf", {"f": float("inf")}, {"kind": "k"}, ("args", "JSON")),
+    ("args-nan-in-tuple", {"t": (1, float("nan"))}, {"kind": "k"}, ("args['t'][1]", "NaN")),
+    (
+        "args-nan-in-ordereddict",
+        {"o": collections.OrderedDict(x=float("-inf"))},
+        {"kind": "k"},
+        ("args['o']['x']", "NaN or infinite"),
+    ),
+    (
+        "args-nan-in-defaultdict",
+        collections.defaultdict(list, f=[float("nan")]),
+        {"kind": "k"},
+        ("args['f'][0]", "NaN or infinite"),
+    ),
+    ("metadata-nan", Ping(), {"metadata": {"m": float("nan")}}, ("metadata['m']", "NaN")),
     ("args-object", {"o": object()}, {"kind": "k"}, ("args", "JSON", "object")),
     ("args-dataclass-nan", Measurement(float("nan")), {}, ("args", "JSON")),
     ("args-dataclass-object", HoldsAnything(object()), {}, ("args", "JSON")),

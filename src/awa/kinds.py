@@ -103,28 +103,29 @@ def dump_json(value: object, field: str, *, sort_keys: bool = False) -> str:
 
 
 def _find_non_finite(value: object, path: str) -> str | None:
-    """The path of the first NaN or infinite float (orjson would silently write null)."""
-    kind = type(value)
-    if kind is float:
-        return None if math.isfinite(cast(float, value)) else path
-    if kind is dict:
-        for key, item in cast(dict[Any, Any], value).items():
-            if type(item) in _CONTAINERS_AND_FLOATS:
+    """The path of the first NaN or infinite float (orjson would silently write null).
+
+    Subclasses count: orjson serializes dict and list subclasses (OrderedDict, defaultdict)
+    like their bases, so a NaN inside one would otherwise be stored as null.
+    """
+    if isinstance(value, float):
+        return None if math.isfinite(value) else path
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(item, _CONTAINERS_AND_FLOATS):
                 found = _find_non_finite(item, f"{path}[{key!r}]")
                 if found:
                     return found
-    elif kind is list or kind is tuple:
+    elif isinstance(value, list | tuple):
         for index, item in enumerate(cast(list[Any], value)):
-            if type(item) in _CONTAINERS_AND_FLOATS:
+            if isinstance(item, _CONTAINERS_AND_FLOATS):
                 found = _find_non_finite(item, f"{path}[{index}]")
                 if found:
                     return found
-    elif isinstance(value, float):
-        return None if math.isfinite(value) else path
     return None
 
 
-_CONTAINERS_AND_FLOATS = frozenset({float, dict, list, tuple})
+_CONTAINERS_AND_FLOATS = (float, dict, list, tuple)
 
 
 # A JSON escape \u0000 preceded by an even number of backslashes (an odd number would make
