@@ -341,3 +341,22 @@ async def test_deadline_duration_same_on_insert_and_copy(
     assert await client.get_job(copied.id) == copied
     assert copied.deadline_duration == inserted.deadline_duration
     assert (await client.get_job(inserted.id)) == inserted
+
+
+async def test_insert_many_takes_any_iterable_but_not_a_mapping(
+    client: awa.AsyncClient, conn: Conn
+) -> None:
+    jobs = await client.insert_many(SendEmail(f"g{i}") for i in range(3))
+    assert [job.args["to"] for job in jobs] == ["g0", "g1", "g2"]
+    with pytest.raises(awa.ValidationError, match="list of jobs"):
+        await client.insert_many({"to": "x"}, kind="k")
+    assert count_jobs(conn) == 3
+
+
+async def test_large_batches_span_several_statements_atomically(
+    client: awa.AsyncClient, conn: Conn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(awa.insert, "INSERT_CHUNK", 3)
+    jobs = await client.insert_many([SendEmail(str(i)) for i in range(10)], queue="chunks")
+    assert [job.args["to"] for job in jobs] == [str(i) for i in range(10)]
+    assert [row["id"] for row in job_rows(conn)] == [job.id for job in jobs]

@@ -327,3 +327,34 @@ async def test_racing_async_producers_insert_exactly_one(database_url: str, conn
     assert sum(isinstance(result, awa.JobRow) for result in results) == 1
     assert sum(isinstance(result, awa.UniqueConflict) for result in results) == producers - 1
     assert count_jobs(conn) == 1
+
+
+async def test_conflicts_across_insert_chunks_roll_back_every_chunk(
+    client: awa.AsyncClient, conn: Conn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(awa.insert, "INSERT_CHUNK", 2)
+    existing = await client.insert(SendEmail("e"), unique_opts={})
+    jobs = await client.insert_many([SendEmail(str(i)) for i in range(5)], unique_opts={})
+    assert [job.args["to"] for job in jobs] == ["0", "1", "2", "3", "4"]
+    with pytest.raises(awa.UniqueConflict) as caught:
+        await client.insert_many([SendEmail(t) for t in "abcde"], unique_opts={})
+    assert caught.value.job_id == existing.id
+    with pytest.raises(awa.UniqueConflict, match="same batch"):
+        await client.insert_many([SendEmail(t) for t in "vwxyv"], unique_opts={})
+    assert count_jobs(conn) == 6
+
+
+async def test_retry_into_a_held_key_raises_and_changes_nothing(
+    client: awa.AsyncClient, sync_client: awa.Client, conn: Conn
+) -> None:
+    first = await client.insert(SendEmail("a"), unique_opts={})
+    await client.cancel(first.id)
+    second = await client.insert(SendEmail("a"), unique_opts={})
+    with pytest.raises(awa.UniqueConflict) as caught:
+        await client.retry(first.id)
+    assert caught.value.constraint == UNIQUE_INDEX
+    with pytest.raises(awa.UniqueConflict):
+        sync_client.retry(first.id)
+    assert [row["state"] for row in job_rows(conn)] == ["cancelled", "available"]
+    await client.cancel(second.id)
+    assert (await client.retry(first.id)) is not None
