@@ -12,8 +12,8 @@ import orjson
 import psycopg
 import psycopg_pool
 from psycopg.adapt import AdaptersMap
-from psycopg.types.json import set_json_loads
 from psycopg.rows import dict_row
+from psycopg.types.json import set_json_loads
 
 from awa.errors import DatabaseError, SchemaNotMigrated, UniqueConflict, ValidationError
 
@@ -87,7 +87,7 @@ def redact(url: str) -> str:
     except psycopg.ProgrammingError:
         return "(unparsable connection string)"
     params.pop("password", None)
-    return psycopg.conninfo.make_conninfo(**params)
+    return psycopg.conninfo.make_conninfo("", **params)
 
 
 def _unreachable(url: str, error: psycopg.Error) -> DatabaseError:
