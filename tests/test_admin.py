@@ -229,7 +229,8 @@ async def test_retry_failed(admin: Admin, client: awa.AsyncClient, conn: Conn) -
     by_queue = await admin("retry_failed", queue="a")
     assert [job.id for job in by_queue] == [other.id]
     assert await admin("retry_failed", queue="a") == []
-    states = {row_id: must_job_row(conn, row_id)["state"] for row_id in range(1, 5)}
+    jobs = (report_a, report_b, other, cancelled)
+    states = {job.id: must_job_row(conn, job.id)["state"] for job in jobs}
     assert states == {
         report_a.id: "available",
         report_b.id: "available",
