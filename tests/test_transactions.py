@@ -231,3 +231,14 @@ async def test_connection_property_is_the_transaction(client: awa.AsyncClient, c
         cursor = await tx.connection.execute("SELECT count(*) FROM awa.jobs")
         assert await cursor.fetchone() == (1,)
     assert count_jobs(conn) == 1
+
+
+async def test_transaction_used_without_await_says_so(client: awa.AsyncClient, conn: Conn) -> None:
+    tx = client.transaction()
+    with pytest.raises(awa.AwaError, match="has not begun"):
+        await tx.insert(Invoice(1))
+    with pytest.raises(awa.AwaError, match="has not begun"):
+        await tx.commit()
+    async with tx:
+        await tx.insert(Invoice(2))
+    assert count_jobs(conn) == 1

@@ -85,6 +85,13 @@ def _finished() -> AwaError:
     return _Finished("the transaction was already committed or rolled back")
 
 
+def _not_begun() -> AwaError:
+    return AwaError(
+        "the transaction has not begun: use `async with client.transaction() as tx` "
+        "or `tx = await client.transaction()`"
+    )
+
+
 def _failed(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
     """Whether a statement failed in the open transaction (Postgres then refuses to commit,
     and COMMIT silently rolls back)."""
@@ -146,8 +153,10 @@ class Transaction:
     @property
     def connection(self) -> psycopg.AsyncConnection[Any]:
         """The underlying psycopg connection, for statements beyond this API."""
-        if self._conn is None or self._done:
+        if self._done:
             raise _finished()
+        if self._conn is None:
+            raise _not_begun()
         return self._conn
 
     async def insert(self, args: Any, **kwargs: Unpack[InsertKwargs]) -> JobRow:
@@ -195,8 +204,10 @@ class Transaction:
         await self._finish(psycopg.Rollback())
 
     async def _finish(self, rollback: psycopg.Rollback | None) -> None:
-        if self._done or self._conn is None or self._block is None:
+        if self._done:
             raise _finished()
+        if self._conn is None or self._block is None:
+            raise _not_begun()
         self._done = True
         conn, block = self._conn, self._block
         failed = rollback is None and _failed(conn)
