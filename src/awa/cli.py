@@ -638,3 +638,12 @@ def db_url(ctx: click.Context, as_json: bool) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def _register_command_modules() -> None:
+    # These modules add their commands to `main` when imported.
+    from awa import bench, demo  # noqa: F401
+    from awa.worker import command  # noqa: F401
+
+
+_register_command_modules()

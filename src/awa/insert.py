@@ -247,7 +247,7 @@ def insert_flow(jobs: Sequence[PreparedJob]) -> Flow[list[JobRow]]:
     Several jobs with unique keys must run inside a transaction (or savepoint) so that a
     conflict undoes the rows that did go in.
     """
-    inserted: list[dict[str, Any]] = []
+    inserted: list[JobRow] = []
     for start in range(0, len(jobs), INSERT_CHUNK):
         chunk = jobs[start : start + INSERT_CHUNK]
         payload = "[" + ",".join(job.recordset_json() for job in chunk) + "]"
@@ -255,10 +255,14 @@ def insert_flow(jobs: Sequence[PreparedJob]) -> Flow[list[JobRow]]:
         missing = missing_unique_keys(chunk, rows)
         if missing:
             holders = yield Statement(query("unique_key_holders"), {"keys": missing}, _holders)
-            batch_ids = {int(row["id"]) for row in (*inserted, *rows)}
+            batch_ids = {job.id for job in inserted} | {int(row["id"]) for row in rows}
             raise unique_conflict(chunk, missing, holders, batch_ids)
-        inserted.extend(rows)
-    return rows_to_jobs(inserted)
+        rows.sort(key=lambda row: row["id"])
+        inserted.extend(
+            stored_job(job, row["id"], JobState(row["state"]), row["run_at"], row["created_at"])
+            for job, row in zip(chunk, rows, strict=True)
+        )
+    return inserted
 
 
 def copy_flow(jobs: Sequence[PreparedJob]) -> Flow[list[JobRow]]:
@@ -272,7 +276,16 @@ def copy_flow(jobs: Sequence[PreparedJob]) -> Flow[list[JobRow]]:
     now: dt.datetime = reserved["now"]
     ids: list[int] = reserved["ids"]
     yield CopyStatement(query("copy_jobs"), copy_rows(jobs, ids, now))
-    return [copied_job(job, job_id, now) for job, job_id in zip(jobs, ids, strict=True)]
+    return [
+        stored_job(
+            job,
+            job_id,
+            JobState.AVAILABLE if job.run_at is None or job.run_at <= now else JobState.SCHEDULED,
+            job.run_at or now,
+            now,
+        )
+        for job, job_id in zip(jobs, ids, strict=True)
+    ]
 
 
 def needs_transaction(jobs: Sequence[PreparedJob]) -> bool:
@@ -342,10 +355,6 @@ def unique_conflict(
     )
 
 
-def rows_to_jobs(rows: Iterable[Mapping[str, Any]]) -> list[JobRow]:
-    return sorted((JobRow.from_record(row) for row in rows), key=lambda job: job.id)
-
-
 def array_literal(items: Sequence[str]) -> str:
     """A Postgres text[] literal (``{"a","b"}``), for COPY."""
     if not items:
@@ -401,21 +410,26 @@ def copy_rows(
     return rows
 
 
-def copied_job(job: PreparedJob, job_id: int, now: dt.datetime) -> JobRow:
-    """The row a COPY wrote, rebuilt locally instead of read back."""
-    run_at = job.run_at or now
+def stored_job(
+    job: PreparedJob,
+    job_id: int,
+    state: JobState,
+    run_at: dt.datetime,
+    created_at: dt.datetime,
+) -> JobRow:
+    """The row an insert wrote, from what was sent plus what the database decided."""
     return JobRow(
         job_id,
         job.kind,
         job.queue,
-        job.args,
-        JobState.SCHEDULED if run_at > now else JobState.AVAILABLE,
+        orjson.loads(job.args_json),
+        state,
         job.priority,
         0,
         job.max_attempts,
         0,
         run_at,
-        now,
+        created_at,
         None,
         None,
         None,
@@ -424,8 +438,8 @@ def copied_job(job: PreparedJob, job_id: int, now: dt.datetime) -> JobRow:
         [],
         orjson.loads(job.metadata_json) if job.metadata_json != "{}" else {},
         list(job.tags),
-        None,
-        None,
+        job.unique_key,
+        job.unique_states,
         job.ordering_key,
         None,
         None,

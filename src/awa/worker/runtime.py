@@ -79,6 +79,8 @@ class Runtime:
         self._heartbeat: Heartbeat | None = None
         self._maintenance: Maintenance | None = None
         self._application_name = client.application_name
+        self.completed = 0
+        """Completions committed by this runtime (for progress displays and benchmarks)."""
 
     # AttemptServices ----------------------------------------------------------------------
 
@@ -261,7 +263,9 @@ class Runtime:
 
     def _completions_done(self, results: list[tuple[Job[Any], bool]]) -> None:
         for job, applied in results:
-            if not applied:
+            if applied:
+                self.completed += 1
+            else:
                 log.debug("job %s lease %s: stale completion ignored", job.id, job.run_lease)
             self.inflight.remove(job)
 

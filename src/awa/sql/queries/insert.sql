@@ -43,7 +43,8 @@ FROM jsonb_to_recordset(%(jobs)s::jsonb) AS r(
 ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL
     AND awa.unique_key_held(unique_states, state)
 DO NOTHING
-RETURNING *
+-- Only what the database decided; the caller already knows every other column.
+RETURNING id, state, run_at, created_at, unique_key
 
 -- name: unique_key_holders
 SELECT id, unique_key FROM awa.jobs

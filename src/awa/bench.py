@@ -1,0 +1,301 @@
+"""``awa bench``: measure enqueue, COPY, drain and latency on a scratch database.
+
+Each scenario runs ``--runs`` times and reports the median. The benchmark creates its own
+database (``awa_bench``, dropped and recreated each time) on the configured server, so it
+never touches your jobs. Figures depend on the machine: compare runs made on the same one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import click
+import psycopg
+from psycopg import sql as pgsql
+from rich.console import Console
+from rich.progress import Progress
+
+import awa
+from awa.cli import database_url_from_context, json_option, main, print_json, print_table
+from awa.db import resolve_database_url
+from awa.sql import query
+
+BENCH_DATABASE = "awa_bench"
+
+
+@dataclasses.dataclass
+class Noop:
+    n: int
+
+
+@dataclasses.dataclass
+class Timed:
+    n: int
+    sent_at: float
+
+
+@dataclasses.dataclass
+class Result:
+    scenario: str
+    jobs: int
+    seconds: float
+    extra: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    @property
+    def rate(self) -> float:
+        return self.jobs / self.seconds if self.seconds else 0.0
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(fraction * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def scratch_database(server_url: str) -> str:
+    """Drop and recreate the benchmark database; returns its URL."""
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        name = pgsql.Identifier(BENCH_DATABASE)
+        conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
+        conn.execute(pgsql.SQL("CREATE DATABASE {}").format(name))
+    return psycopg.conninfo.make_conninfo(server_url, dbname=BENCH_DATABASE)
+
+
+async def _reset(client: awa.AsyncClient) -> None:
+    async with client.connection() as conn:
+        await conn.execute(query("bench_reset"))
+
+
+async def _value(conn: psycopg.AsyncConnection[Any], name: str) -> Any:
+    cursor = await conn.execute(query(name))
+    row = await cursor.fetchone()
+    return row[0] if row else None
+
+
+async def bench_enqueue(client: awa.AsyncClient, jobs: int, progress: Progress) -> Result:
+    """Sequential single inserts, each its own transaction."""
+    await _reset(client)
+    task = progress.add_task("enqueue one by one", total=jobs)
+    latencies = []
+    started = time.perf_counter()
+    for n in range(jobs):
+        before = time.perf_counter()
+        await client.insert(Noop(n))
+        latencies.append(time.perf_counter() - before)
+        if n % 500 == 0:
+            progress.update(task, completed=n)
+    elapsed = time.perf_counter() - started
+    progress.update(task, completed=jobs)
+    return Result(
+        "enqueue",
+        jobs,
+        elapsed,
+        {"p50_ms": percentile(latencies, 0.5) * 1e3, "p99_ms": percentile(latencies, 0.99) * 1e3},
+    )
+
+
+async def bench_copy(client: awa.AsyncClient, jobs: int, progress: Progress) -> Result:
+    """One ``insert_many_copy`` of every job."""
+    await _reset(client)
+    task = progress.add_task("bulk COPY", total=jobs)
+    batch = [Noop(n) for n in range(jobs)]
+    started = time.perf_counter()
+    await client.insert_many_copy(batch)
+    elapsed = time.perf_counter() - started
+    progress.update(task, completed=jobs)
+    return Result("copy", jobs, elapsed)
+
+
+async def bench_drain(
+    url: str, jobs: int, concurrency: int, progress: Progress
+) -> Result:
+    """Run ``jobs`` pre-inserted no-op jobs with ``concurrency`` handlers; time until every
+    completion is committed (checked by counting rows)."""
+    client = awa.AsyncClient(url, application_name="awa-bench")
+    try:
+        await _reset(client)
+        await client.insert_many_copy([Noop(n) for n in range(jobs)])
+        async with client.connection() as conn:
+            await conn.execute(query("bench_vacuum"))
+
+        @client.task(Noop)
+        async def noop(job: awa.Job[Noop]) -> None:
+            return None
+
+        async with client.connection() as conn:
+            commits_before = await _value(conn, "bench_commits")
+        task = progress.add_task(f"drain x{concurrency}", total=jobs)
+        started = time.perf_counter()
+        await client.start({"default": {"max_workers": concurrency}})
+        runtime = client.runtime
+        assert runtime is not None
+        while (done := runtime.completed) < jobs:
+            progress.update(task, completed=done)
+            await asyncio.sleep(0.02)
+        elapsed = time.perf_counter() - started
+        progress.update(task, completed=jobs)
+        await client.close()  # stats of a backend are flushed when it exits
+    finally:
+        await client.close()
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await asyncio.sleep(1.2)  # let exiting backends and the stats collector catch up
+        completed = await _value(conn, "bench_completed")
+        commits = await _value(conn, "bench_commits") - commits_before
+        dead = await _value(conn, "bench_dead_tuples")
+    if completed != jobs:
+        raise awa.AwaError(f"drain: {completed} of {jobs} jobs are completed in the table")
+    return Result("drain", jobs, elapsed, {"commits_per_job": commits / jobs, "dead_tuples": dead})
+
+
+async def bench_latency(
+    url: str, rate: float, seconds: float, concurrency: int, progress: Progress
+) -> Result:
+    """Insert at a fixed rate while a worker runs; enqueue-to-start latency percentiles."""
+    client = awa.AsyncClient(url, application_name="awa-bench")
+    latencies: list[float] = []
+    try:
+        await _reset(client)
+
+        @client.task(Timed)
+        async def timed(job: awa.Job[Timed]) -> None:
+            latencies.append(time.time() - job.args.sent_at)
+
+        total = int(rate * seconds)
+        task = progress.add_task(f"latency at {rate:g}/s", total=total)
+        async with client.run({"default": {"max_workers": concurrency}}):
+            producer = awa.AsyncClient(url, application_name="awa-bench-producer")
+            try:
+                start = time.perf_counter()
+                for n in range(total):
+                    delay = start + n / rate - time.perf_counter()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    await producer.insert(Timed(n, time.time()))
+                    progress.update(task, completed=n + 1)
+                deadline = time.monotonic() + 30
+                while len(latencies) < total and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+            finally:
+                await producer.close()
+        ms = [value * 1e3 for value in latencies]
+        return Result(
+            "latency",
+            len(ms),
+            seconds,
+            {
+                "rate": rate,
+                "p50_ms": percentile(ms, 0.5),
+                "p95_ms": percentile(ms, 0.95),
+                "p99_ms": percentile(ms, 0.99),
+            },
+        )
+    finally:
+        await client.close()
+
+
+def _median(results: list[Result]) -> Result:
+    """The run with the median rate, its extras replaced by each extra's median."""
+    ordered = sorted(results, key=lambda result: result.rate)
+    middle = ordered[len(ordered) // 2]
+    extras = {
+        key: statistics.median(result.extra[key] for result in results) for key in middle.extra
+    }
+    return Result(middle.scenario, middle.jobs, middle.seconds, extras)
+
+
+SCENARIOS = ("enqueue", "copy", "drain", "latency")
+
+
+async def run_bench(
+    url: str,
+    *,
+    scenarios: tuple[str, ...],
+    jobs: int,
+    concurrency: int,
+    rate: float,
+    seconds: float,
+    runs: int,
+    console: Console,
+) -> dict[str, dict[str, Any]]:
+    client = awa.AsyncClient(url, application_name="awa-bench")
+    await client.migrate()
+    report: dict[str, dict[str, Any]] = {}
+    plans: dict[str, Callable[[Progress], Awaitable[Result]]] = {
+        "enqueue": lambda progress: bench_enqueue(client, jobs, progress),
+        "copy": lambda progress: bench_copy(client, jobs, progress),
+        "drain": lambda progress: bench_drain(url, jobs, concurrency, progress),
+        "latency": lambda progress: bench_latency(url, rate, seconds, concurrency, progress),
+    }
+    try:
+        with Progress(console=console, transient=True) as progress:
+            for name in scenarios:
+                results = [await plans[name](progress) for _ in range(runs)]
+                median = _median(results)
+                report[name] = {
+                    "jobs_per_second": median.rate,
+                    "runs": [round(result.rate, 1) for result in results],
+                    "jobs": median.jobs,
+                    **median.extra,
+                }
+    finally:
+        await client.close()
+    return report
+
+
+@main.command()
+@click.option("--jobs", default=20_000, show_default=True, help="Jobs per scenario.")
+@click.option("--concurrency", default=16, show_default=True, help="Handlers at once (drain).")
+@click.option("--rate", default=200.0, show_default=True, help="Offered jobs/s (latency).")
+@click.option("--seconds", default=10.0, show_default=True, help="Duration of latency run.")
+@click.option("--runs", default=3, show_default=True, help="Runs per scenario; median shown.")
+@click.option(
+    "--only",
+    type=click.Choice(SCENARIOS),
+    multiple=True,
+    help="Run only these scenarios (repeatable). Default: all.",
+)
+@json_option
+@click.pass_context
+def bench(
+    ctx: click.Context,
+    jobs: int,
+    concurrency: int,
+    rate: float,
+    seconds: float,
+    runs: int,
+    only: tuple[str, ...],
+    as_json: bool,
+) -> None:
+    """Benchmark enqueue, bulk COPY, drain throughput and latency (on a scratch database
+    named awa_bench, recreated on the configured server)."""
+    console = Console(stderr=True)
+    url = scratch_database(resolve_database_url(database_url_from_context(ctx)))
+    report = asyncio.run(
+        run_bench(
+            url,
+            scenarios=only or SCENARIOS,
+            jobs=jobs,
+            concurrency=concurrency,
+            rate=rate,
+            seconds=seconds,
+            runs=runs,
+            console=console,
+        )
+    )
+    if as_json:
+        print_json(report)
+        return
+    rows = []
+    for name, figures in report.items():
+        details = ", ".join(
+            f"{key}={value:.3g}" if isinstance(value, float) else f"{key}={value}"
+            for key, value in figures.items()
+            if key not in ("jobs_per_second", "runs", "jobs")
+        )
+        rows.append([name, f"{figures['jobs_per_second']:,.0f}", figures["jobs"], details])
+    print_table(["SCENARIO", "JOBS/S (MEDIAN)", "JOBS", "DETAILS"], rows)

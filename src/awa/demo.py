@@ -1,0 +1,117 @@
+"""``awa demo``: a worker processing real jobs, end to end, in a few seconds.
+
+Signups are inserted in one transaction; a worker runs them (some fail once and retry, one
+is cancelled, one fails for good), and each completed signup leads to a welcome email job
+handled by a plain ``def`` handler in a thread. Runs on ``DATABASE_URL`` or, without one,
+on the embedded server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime as dt
+import time
+
+import click
+from rich.console import Console
+
+import awa
+from awa.cli import database_url_from_context, main, print_table
+
+SIGNUP_QUEUE = "demo-signups"
+EMAIL_QUEUE = "demo-emails"
+
+
+@dataclasses.dataclass
+class Signup:
+    user_id: int
+    email: str
+
+
+@dataclasses.dataclass
+class WelcomeEmail:
+    user_id: int
+    email: str
+    signup_job_id: int
+
+
+def build_demo(client: awa.AsyncClient, console: Console) -> None:
+    """Register the demo's handlers on ``client``."""
+
+    @client.task(Signup, queue=SIGNUP_QUEUE)
+    async def handle_signup(job: awa.Job[Signup]) -> awa.RetryAfter | awa.Cancel | None:
+        signup = job.args
+        job.set_progress(50, "creating the account")
+        await asyncio.sleep(0.02)
+        if signup.email.endswith("@blocked.example"):
+            return awa.Cancel("address is on the block list")
+        if "@" not in signup.email:
+            raise awa.TerminalError(f"not an email address: {signup.email!r}")
+        if signup.user_id % 4 == 0 and job.attempt == 1:
+            console.print(f"  signup {signup.user_id}: mail provider busy, retrying shortly")
+            return awa.RetryAfter(0.3)
+        await client.insert(
+            WelcomeEmail(signup.user_id, signup.email, job.id), queue=EMAIL_QUEUE
+        )
+        console.print(f"  signup {signup.user_id}: account created (attempt {job.attempt})")
+        return None
+
+    @client.task(WelcomeEmail, queue=EMAIL_QUEUE)
+    def send_welcome(job: awa.Job[WelcomeEmail]) -> None:
+        time.sleep(0.01)  # a blocking client library: runs in a worker thread
+        console.print(f"  email to {job.args.email} sent (for signup job {job.args.signup_job_id})")
+
+
+async def run_demo(url: str | None, signups: int, console: Console) -> list[awa.QueueStats]:
+    client = awa.AsyncClient(url, application_name="awa-demo")
+    try:
+        await client.migrate()
+        build_demo(client, console)
+        users = [Signup(n, f"user{n}@example.com") for n in range(1, signups + 1)]
+        users.append(Signup(signups + 1, "mallory@blocked.example"))
+        users.append(Signup(signups + 2, "not-an-address"))
+        async with client.transaction() as tx:
+            inserted = await tx.insert_many(users, queue=SIGNUP_QUEUE)
+            later = await tx.insert(
+                Signup(signups + 3, "late@example.com"),
+                queue=SIGNUP_QUEUE,
+                run_at=dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1),
+            )
+        console.print(
+            f"inserted {len(inserted)} signups and one scheduled for one second from now "
+            f"(jobs {inserted[0].id}-{later.id})"
+        )
+        async with client.run(
+            {SIGNUP_QUEUE: 4, EMAIL_QUEUE: 2}, promote_interval=0.05, shutdown_timeout=5
+        ):
+            await _wait_until_settled(client)
+        return [s for s in await client.queue_stats() if s.queue in (SIGNUP_QUEUE, EMAIL_QUEUE)]
+    finally:
+        await client.close()
+
+
+async def _wait_until_settled(client: awa.AsyncClient, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    unsettled = {"available", "running", "scheduled", "retryable"}
+    while time.monotonic() < deadline:
+        stats = [s for s in await client.queue_stats() if s.queue in (SIGNUP_QUEUE, EMAIL_QUEUE)]
+        if stats and not any(s.count(state) for s in stats for state in unsettled):
+            return
+        await asyncio.sleep(0.1)
+    raise awa.AwaError("the demo jobs did not settle within a minute")
+
+
+@main.command()
+@click.option("--signups", default=8, show_default=True, help="How many signups to insert.")
+@click.pass_context
+def demo(ctx: click.Context, signups: int) -> None:
+    """Run a worker on demo jobs: retries, a cancellation, a failure, follow-up emails."""
+    console = Console(highlight=False)
+    started = time.monotonic()
+    stats = asyncio.run(run_demo(database_url_from_context(ctx), signups, console))
+    console.print(f"\nall demo jobs settled in {time.monotonic() - started:.1f}s:")
+    print_table(
+        ["QUEUE", "COMPLETED", "CANCELLED", "FAILED"],
+        [[s.queue, s.count("completed"), s.count("cancelled"), s.count("failed")] for s in stats],
+    )

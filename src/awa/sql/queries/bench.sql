@@ -1,0 +1,16 @@
+-- Statements of `awa bench`, which runs on its own scratch database only.
+
+-- name: bench_reset
+TRUNCATE awa.jobs, awa.queues
+
+-- name: bench_vacuum
+VACUUM ANALYZE awa.jobs
+
+-- name: bench_commits
+SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()
+
+-- name: bench_completed
+SELECT count(*) FROM awa.jobs WHERE state = 'completed'
+
+-- name: bench_dead_tuples
+SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = 'awa.jobs'::regclass
