@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import orjson
 import math
 import struct
 import time
@@ -18,6 +17,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, TypedDict
 
 import blake3
+import orjson
 
 from awa.db import CopyStatement, Flow, Statement
 from awa.errors import UniqueConflict, ValidationError
@@ -379,7 +379,7 @@ def copy_rows(
     with unique keys never come here, they take the INSERT path)."""
     now_text = now.isoformat()
     tags_cache: dict[int, str] = {}
-    rows = []
+    rows: list[tuple[str | None, ...]] = []
     for job, job_id in zip(jobs, ids, strict=True):
         run_at = job.run_at
         due = run_at is None or run_at <= now
