@@ -34,8 +34,8 @@ __version__ = "0.1.0"
 __all__ = [
     "AsyncClient",
     "AwaError",
-    "Cancel",
     "CallbackNotFound",
+    "Cancel",
     "Client",
     "DatabaseError",
     "EnqueueRequest",

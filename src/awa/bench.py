@@ -111,9 +111,7 @@ async def bench_copy(client: awa.AsyncClient, jobs: int, progress: Progress) -> 
     return Result("copy", jobs, elapsed)
 
 
-async def bench_drain(
-    url: str, jobs: int, concurrency: int, progress: Progress
-) -> Result:
+async def bench_drain(url: str, jobs: int, concurrency: int, progress: Progress) -> Result:
     """Run ``jobs`` pre-inserted no-op jobs with ``concurrency`` handlers; time until every
     completion is committed (checked by counting rows)."""
     client = awa.AsyncClient(url, application_name="awa-bench")

@@ -30,9 +30,9 @@ from awa.db import (
     sync_pool,
     translate_errors,
 )
+from awa.errors import AwaError, ValidationError
 from awa.insert import InsertKwargs, copy_flow, prepare_job, prepare_many, split_kwargs
 from awa.migrations import migrate_async, migrate_sync
-from awa.errors import AwaError, ValidationError
 from awa.model import JobRow, JobState
 from awa.transaction import (
     SyncTransaction,
@@ -93,13 +93,14 @@ class AsyncClient:
         if self._pool is None:
             async with self._pool_lock:
                 if self._pool is None:
+                    url = await self.database_url()
                     pool = async_pool(
-                        await self.database_url(),
+                        url,
                         min_size=1,
                         max_size=self._max_connections,
                         application_name=self._application_name,
                     )
-                    await check_connection_async(pool.conninfo)
+                    await check_connection_async(url)
                     with translate_errors():
                         await pool.open(wait=True, timeout=30)
                     self._pool = pool
@@ -346,13 +347,14 @@ class Client:
         if self._pool is None:
             with self._pool_lock:
                 if self._pool is None:
+                    url = self.database_url()
                     pool = sync_pool(
-                        self.database_url(),
+                        url,
                         min_size=1,
                         max_size=self._max_connections,
                         application_name=self._application_name,
                     )
-                    check_connection_sync(pool.conninfo)
+                    check_connection_sync(url)
                     with translate_errors():
                         pool.open(wait=True, timeout=30)
                     self._pool = pool
@@ -395,9 +397,7 @@ class Client:
         with self.connection() as conn:
             return insert_prepared_sync(conn, prepared)
 
-    def insert_many_copy(
-        self, jobs: Iterable[Any], **kwargs: Unpack[InsertKwargs]
-    ) -> list[JobRow]:
+    def insert_many_copy(self, jobs: Iterable[Any], **kwargs: Unpack[InsertKwargs]) -> list[JobRow]:
         kind, opts = split_kwargs("insert_many_copy", kwargs)
         prepared = prepare_many(jobs, kind=kind, opts=opts)
         with self.connection() as conn, conn.transaction():

@@ -9,15 +9,18 @@ on the embedded server.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import datetime as dt
 import time
+import uuid
 
 import click
 from rich.console import Console
 
 import awa
 from awa.cli import database_url_from_context, main, print_table
+from awa.sql import query
 
 SIGNUP_QUEUE = "demo-signups"
 EMAIL_QUEUE = "demo-emails"
@@ -36,7 +39,7 @@ class WelcomeEmail:
     signup_job_id: int
 
 
-def build_demo(client: awa.AsyncClient, console: Console) -> None:
+def build_demo(client: awa.AsyncClient, console: Console, run: str) -> None:
     """Register the demo's handlers on ``client``."""
 
     @client.task(Signup, queue=SIGNUP_QUEUE)
@@ -52,7 +55,9 @@ def build_demo(client: awa.AsyncClient, console: Console) -> None:
             console.print(f"  signup {signup.user_id}: mail provider busy, retrying shortly")
             return awa.RetryAfter(0.3)
         await client.insert(
-            WelcomeEmail(signup.user_id, signup.email, job.id), queue=EMAIL_QUEUE
+            WelcomeEmail(signup.user_id, signup.email, job.id),
+            queue=EMAIL_QUEUE,
+            metadata={"demo_run": run},
         )
         console.print(f"  signup {signup.user_id}: account created (attempt {job.attempt})")
         return None
@@ -63,41 +68,58 @@ def build_demo(client: awa.AsyncClient, console: Console) -> None:
         console.print(f"  email to {job.args.email} sent (for signup job {job.args.signup_job_id})")
 
 
-async def run_demo(url: str | None, signups: int, console: Console) -> list[awa.QueueStats]:
+async def run_demo(url: str | None, signups: int, console: Console) -> dict[str, Counter]:
+    """Insert the demo jobs, work them until every one has settled; returns, per queue,
+    how many jobs ended in each state."""
+    run = uuid.uuid4().hex
     client = awa.AsyncClient(url, application_name="awa-demo")
     try:
         await client.migrate()
-        build_demo(client, console)
+        build_demo(client, console, run)
         users = [Signup(n, f"user{n}@example.com") for n in range(1, signups + 1)]
         users.append(Signup(signups + 1, "mallory@blocked.example"))
         users.append(Signup(signups + 2, "not-an-address"))
+        tagged: awa.InsertKwargs = {"metadata": {"demo_run": run}, "queue": SIGNUP_QUEUE}
         async with client.transaction() as tx:
-            inserted = await tx.insert_many(users, queue=SIGNUP_QUEUE)
+            inserted = await tx.insert_many(users, **tagged)
+            soon = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1)
             later = await tx.insert(
                 Signup(signups + 3, "late@example.com"),
                 queue=SIGNUP_QUEUE,
-                run_at=dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1),
+                metadata={"demo_run": run},
+                run_at=soon,
             )
         console.print(
-            f"inserted {len(inserted)} signups and one scheduled for one second from now "
-            f"(jobs {inserted[0].id}-{later.id})"
+            f"inserted {len(inserted)} signups, and one more scheduled a second from now "
+            f"(jobs {inserted[0].id} to {later.id})"
         )
         async with client.run(
             {SIGNUP_QUEUE: 4, EMAIL_QUEUE: 2}, promote_interval=0.05, shutdown_timeout=5
         ):
-            await _wait_until_settled(client)
-        return [s for s in await client.queue_stats() if s.queue in (SIGNUP_QUEUE, EMAIL_QUEUE)]
+            return await _wait_until_settled(client, run)
     finally:
         await client.close()
 
 
-async def _wait_until_settled(client: awa.AsyncClient, timeout: float = 60.0) -> None:
+Counter = collections.Counter[str]
+_UNSETTLED = {"available", "running", "scheduled", "retryable"}
+
+
+async def _wait_until_settled(
+    client: awa.AsyncClient, run: str, timeout: float = 60.0
+) -> dict[str, Counter]:
     deadline = time.monotonic() + timeout
-    unsettled = {"available", "running", "scheduled", "retryable"}
     while time.monotonic() < deadline:
-        stats = [s for s in await client.queue_stats() if s.queue in (SIGNUP_QUEUE, EMAIL_QUEUE)]
-        if stats and not any(s.count(state) for s in stats for state in unsettled):
-            return
+        async with client.connection() as conn:
+            cursor = await conn.execute(query("demo_states"), {"run": run})
+            rows = await cursor.fetchall()
+        states: dict[str, Counter] = collections.defaultdict(collections.Counter)
+        for queue, state, jobs in rows:
+            states[queue][state] = jobs
+        if EMAIL_QUEUE in states and not any(
+            counts[state] for counts in states.values() for state in _UNSETTLED
+        ):
+            return states
         await asyncio.sleep(0.1)
     raise awa.AwaError("the demo jobs did not settle within a minute")
 
@@ -109,9 +131,12 @@ def demo(ctx: click.Context, signups: int) -> None:
     """Run a worker on demo jobs: retries, a cancellation, a failure, follow-up emails."""
     console = Console(highlight=False)
     started = time.monotonic()
-    stats = asyncio.run(run_demo(database_url_from_context(ctx), signups, console))
-    console.print(f"\nall demo jobs settled in {time.monotonic() - started:.1f}s:")
+    states = asyncio.run(run_demo(database_url_from_context(ctx), signups, console))
+    console.print(f"\nevery demo job settled in {time.monotonic() - started:.1f}s:")
     print_table(
         ["QUEUE", "COMPLETED", "CANCELLED", "FAILED"],
-        [[s.queue, s.count("completed"), s.count("cancelled"), s.count("failed")] for s in stats],
+        [
+            [queue, counts["completed"], counts["cancelled"], counts["failed"]]
+            for queue, counts in sorted(states.items())
+        ],
     )

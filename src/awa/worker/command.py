@@ -64,6 +64,8 @@ async def serve(
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     signals = 0
+    main_task = asyncio.current_task()
+    assert main_task is not None
 
     def on_signal(signum: int) -> None:
         nonlocal signals
@@ -75,8 +77,6 @@ async def serve(
             log.warning("second signal: interrupting running handlers")
             main_task.cancel()
 
-    main_task = asyncio.current_task()
-    assert main_task is not None
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
     try:

@@ -100,8 +100,7 @@ async def commit_outcome(
         return await run_async(conn, outcome_statement(job, outcome, retry))
     except UniqueConflict:
         log.warning(
-            "job %s (%s): outcome collides with a newer job holding its unique key; "
-            "cancelling it",
+            "job %s (%s): outcome collides with a newer job holding its unique key; cancelling it",
             job.id,
             job.kind,
         )

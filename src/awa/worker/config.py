@@ -82,8 +82,10 @@ class QueueConfig:
         _positive_int(self.claim_batch_size, f"queue {self.name!r}: claim_batch_size")
         if self.prefetch == -1:
             object.__setattr__(self, "prefetch", 4 * self.max_workers)
-        if isinstance(self.prefetch, bool) or not isinstance(self.prefetch, int) or (
-            self.prefetch < 0
+        if (
+            isinstance(self.prefetch, bool)
+            or not isinstance(self.prefetch, int)
+            or (self.prefetch < 0)
         ):
             raise ValidationError(f"queue {self.name!r}: prefetch must be >= 0")
         if not isinstance(self.retry, RetryPolicy):

@@ -9,6 +9,7 @@ poll interval.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -112,10 +113,8 @@ class QueueDispatcher:
                 if len(jobs) == size:
                     await asyncio.sleep(0)  # let slots start before claiming more
                     continue
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.config.poll_interval)
-            except TimeoutError:
-                pass
 
     async def _slot(self) -> None:
         ready = self._ready
@@ -139,10 +138,8 @@ class QueueDispatcher:
         """Stop the dispatcher; returns the claimed jobs no slot has started."""
         if self._dispatcher is not None:
             self._dispatcher.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._dispatcher
-            except asyncio.CancelledError:
-                pass
         unstarted = []
         while not self._ready.empty():
             job = self._ready.get_nowait()

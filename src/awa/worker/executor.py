@@ -36,9 +36,7 @@ def classify(result: object, job: Job[Any], duration: float) -> Outcome:
             )
         if asyncio.iscoroutine(result):
             result.close()
-            return Fail(
-                "invalid handler return value: a coroutine was returned (a missing await?)"
-            )
+            return Fail("invalid handler return value: a coroutine was returned (a missing await?)")
         return Completed(duration)
     if isinstance(result, RetryAfter):
         return Retry(
@@ -83,7 +81,7 @@ async def run_attempt(
         raise
     except TerminalError as error:
         return Fail(format_error(error))
-    except BaseException as error:  # noqa: BLE001 - any handler failure is an outcome
+    except BaseException as error:
         if isinstance(error, KeyboardInterrupt | SystemExit) and shutting_down.is_set():
             return Interrupted(SHUTDOWN_ERROR)
         return Retry(error=format_error(error))

