@@ -44,6 +44,7 @@ class QueueDispatcher:
         self._running = 0
         self._mean_duration: float | None = None
         self._dispatcher: asyncio.Task[None] | None = None
+        self._stopping = False
         self._slots: list[asyncio.Task[None]] = []
         self.claimed = 0
 
@@ -90,7 +91,7 @@ class QueueDispatcher:
 
     async def _dispatch(self) -> None:
         delay = 0.1
-        while True:
+        while not self._stopping:
             self._wake.clear()
             size = self._claim_size()
             if size > 0:
@@ -103,7 +104,7 @@ class QueueDispatcher:
                         error,
                         delay,
                     )
-                    await asyncio.sleep(delay)
+                    await self._idle(delay)
                     delay = min(delay * 2, 5.0)
                     continue
                 delay = 0.1
@@ -113,8 +114,15 @@ class QueueDispatcher:
                 if len(jobs) == size:
                     await asyncio.sleep(0)  # let slots start before claiming more
                     continue
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.config.poll_interval)
+            await self._idle(self.config.poll_interval)
+
+    async def _idle(self, seconds: float) -> None:
+        """Wait for a wakeup (a notification, a free slot, shutdown), at most ``seconds``."""
+        # Not asyncio.wait_for: on Python 3.11 it swallows a cancellation that arrives as
+        # the wakeup fires, and asyncio.timeout does not.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._wake.wait()
 
     async def _slot(self) -> None:
         ready = self._ready
@@ -135,11 +143,15 @@ class QueueDispatcher:
                     self._wake.set()
 
     async def stop_claiming(self) -> list[Job[Any]]:
-        """Stop the dispatcher; returns the claimed jobs no slot has started."""
+        """Stop the dispatcher; returns the claimed jobs no slot has started.
+
+        The dispatcher is stopped by a flag, not cancelled: a claim in progress finishes and
+        its jobs land in the buffer, so a claim committed in the database is never lost.
+        """
+        self._stopping = True
+        self._wake.set()
         if self._dispatcher is not None:
-            self._dispatcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._dispatcher
+            await self._dispatcher
         unstarted = []
         while not self._ready.empty():
             job = self._ready.get_nowait()
