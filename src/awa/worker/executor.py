@@ -75,10 +75,15 @@ async def run_attempt(
         else:
             loop = asyncio.get_running_loop()
             result = await loop.run_in_executor(threads, task.handler, job)
-    except asyncio.CancelledError:
+    except asyncio.CancelledError as error:
         if shutting_down.is_set():
             return Interrupted(SHUTDOWN_ERROR)
-        raise
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise
+        # Nobody cancelled this attempt: the handler raised CancelledError itself. That is a
+        # crash like any other; re-raising it would kill the slot and strand the job.
+        return Retry(error=format_error(error))
     except TerminalError as error:
         return Fail(format_error(error))
     except BaseException as error:
