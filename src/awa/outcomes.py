@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import math
+import time
 
 
 def _delay_seconds(value: float | dt.timedelta, name: str) -> float:
@@ -18,7 +19,14 @@ def _delay_seconds(value: float | dt.timedelta, name: str) -> float:
         raise TypeError(f"{name} takes seconds (a number) or a timedelta")
     if not math.isfinite(seconds) or seconds < 0:
         raise ValueError(f"{name} delay must be a finite, non-negative number of seconds")
+    if time.time() + seconds >= _LATEST_RUN_AT:
+        # The row's run_at could not be read back (or even stored): refuse it here, where the
+        # handler sees a clear error, instead of failing the outcome's commit.
+        raise ValueError(f"{name}({seconds:g}) would run the job after the year 9999")
     return float(seconds)
+
+
+_LATEST_RUN_AT = dt.datetime(9999, 1, 1, tzinfo=dt.UTC).timestamp()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
