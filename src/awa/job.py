@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from awa.errors import ValidationError
 from awa.model import JobState
 
 if TYPE_CHECKING:
@@ -17,6 +19,25 @@ A = TypeVar("A")
 
 def _from_epoch(seconds: float) -> dt.datetime:
     return dt.datetime.fromtimestamp(seconds, dt.UTC)
+
+
+def _check_storable(value: object, path: str) -> None:
+    """Raise ValidationError for what a jsonb column cannot hold: NUL characters (in strings
+    or keys) and NaN or infinite numbers."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise ValidationError(f"{path} contains a NUL byte, which Postgres cannot store")
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValidationError(f"{path} is NaN or infinite, which JSON cannot represent")
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            if isinstance(key, str) and "\x00" in key:
+                raise ValidationError(f"{path} key {key!r} contains a NUL byte")
+            _check_storable(item, f"{path}[{key!r}]")
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            _check_storable(item, f"{path}[{index}]")
 
 
 class Job(Generic[A]):
@@ -209,6 +230,9 @@ class Job(Generic[A]):
         self._replace_progress(progress)
 
     def _replace_progress(self, progress: dict[str, Any]) -> None:
+        # Refused here, where the handler sees it: once buffered, a value jsonb cannot hold
+        # would fail the heartbeat of every running job of the process, and the outcome.
+        _check_storable(progress, "progress")
         # Swapping the reference (never mutating in place) lets the heartbeat thread read a
         # consistent snapshot without a lock.
         self._progress = progress
