@@ -31,7 +31,10 @@ from awa.db import (
     translate_errors,
 )
 from awa.errors import AwaError, ValidationError
+from awa.followups import FollowUpRegistry
+from awa.hooks import HookDispatcher, HookRegistry
 from awa.insert import InsertKwargs, copy_flow, prepare_job, prepare_many, split_kwargs
+from awa.lifecycle import LifecycleRegistration
 from awa.migrations import migrate_async, migrate_sync
 from awa.model import JobRow, JobState
 from awa.transaction import (
@@ -49,7 +52,7 @@ H = TypeVar("H", bound=Callable[..., Any])
 QueuesSpec = Iterable[Any] | Mapping[str, int | Mapping[str, Any]] | None
 
 
-class AsyncClient:
+class AsyncClient(LifecycleRegistration):
     """The asyncio client: inserts, transactions, admin, and (once handlers are registered)
     the worker runtime.
 
@@ -77,6 +80,9 @@ class AsyncClient:
         self._resolved_url: str | None = None
         self._tasks = TaskRegistry()
         self._runtime: Runtime | None = None
+        self._hooks = HookRegistry()
+        self._follow_ups = FollowUpRegistry()
+        self.hook_dispatcher = HookDispatcher(self._hooks)
 
     @property
     def application_name(self) -> str:
@@ -115,9 +121,10 @@ class AsyncClient:
                 yield conn
 
     async def close(self) -> None:
-        """Shut the worker down if it runs, then close the pool."""
+        """Shut the worker down if it runs, stop hooks still running, close the pool."""
         if self._runtime is not None:
             await self.shutdown()
+        self.hook_dispatcher.cancel_all()
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
@@ -227,7 +234,14 @@ class AsyncClient:
                 f"tasks declare queue(s) {missing} that start() does not run; add them to "
                 "queues (or register those tasks on the queues you run)"
             )
-        runtime = Runtime(self, self._tasks, configs, RuntimeConfig(**options))
+        runtime = Runtime(
+            self,
+            self._tasks,
+            configs,
+            RuntimeConfig(**options),
+            hooks=self.hook_dispatcher,
+            follow_ups=self._follow_ups,
+        )
         await self.pool()
         self._runtime = runtime
         try:

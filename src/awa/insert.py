@@ -265,6 +265,38 @@ def insert_flow(jobs: Sequence[PreparedJob]) -> Flow[list[JobRow]]:
     return inserted
 
 
+@dataclasses.dataclass(slots=True)
+class SkippingInsert:
+    """What an insert that skips duplicates did."""
+
+    inserted: list[JobRow]
+    duplicates: list[PreparedJob]
+
+
+def insert_skipping_duplicates_flow(jobs: Sequence[PreparedJob]) -> Flow[SkippingInsert]:
+    """Insert jobs, skipping (not raising for) those whose unique key is already held, by
+    an existing job or an earlier one of the same batch. Used for follow-up jobs."""
+    result = SkippingInsert([], [])
+    for start in range(0, len(jobs), INSERT_CHUNK):
+        chunk = jobs[start : start + INSERT_CHUNK]
+        payload = "[" + ",".join(job.recordset_json() for job in chunk) + "]"
+        rows = yield Statement(query("insert_jobs"), {"jobs": payload}, _rows)
+        rows.sort(key=lambda row: row["id"])
+        keyed = {bytes(row["unique_key"]) for row in rows if row["unique_key"] is not None}
+        remaining = iter(rows)
+        for job in chunk:
+            if job.unique_key is not None:
+                if job.unique_key not in keyed:
+                    result.duplicates.append(job)
+                    continue
+                keyed.discard(job.unique_key)  # later jobs with this key were skipped
+            row = next(remaining)
+            result.inserted.append(
+                stored_job(job, row["id"], JobState(row["state"]), row["run_at"], row["created_at"])
+            )
+    return result
+
+
 def copy_flow(jobs: Sequence[PreparedJob]) -> Flow[list[JobRow]]:
     """Bulk insert with COPY; run it inside a transaction. Batches holding unique jobs take
     the INSERT path, which can skip and report duplicates."""

@@ -9,12 +9,15 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from awa.errors import ValidationError
-from awa.model import JobState
+from awa.model import JobRow, JobState
 
 if TYPE_CHECKING:
     from awa.worker.attempts import AttemptServices
 
 A = TypeVar("A")
+
+
+_NO_REST: tuple[Any, ...] = (None,) * 10
 
 
 def _from_epoch(seconds: float) -> dt.datetime:
@@ -58,6 +61,7 @@ class Job(Generic[A]):
         "_metadata",
         "_progress",
         "_progress_version",
+        "_rest",
         "_run_at",
         "_services",
         "attempt",
@@ -112,6 +116,7 @@ class Job(Generic[A]):
         self._cancelled = False
         self._services = services
         self._args: Any = None
+        self._rest: tuple[Any, ...] = _NO_REST
 
     @classmethod
     def from_claim(cls, row: tuple[Any, ...], services: AttemptServices | None) -> Job[Any]:
@@ -138,7 +143,8 @@ class Job(Generic[A]):
             job._metadata,
             job.tags,
             job._progress,
-        ) = row
+        ) = row[:16]
+        job._rest = row[16:]
         job._progress_version = 0
         job._cancelled = False
         job._services = services
@@ -149,6 +155,56 @@ class Job(Generic[A]):
     def args(self) -> A:
         """The job's args, decoded into the handler's args type."""
         return self._args  # type: ignore[no-any-return]
+
+    def snapshot(self, state: JobState = JobState.RUNNING, **changes: Any) -> JobRow:
+        """This attempt's row as claimed, with ``changes`` applied (for lifecycle events)."""
+        (
+            deadline_duration,
+            unique_key,
+            unique_states,
+            ordering_key,
+            callback_id,
+            callback_timeout_at,
+            callback_filter,
+            callback_on_complete,
+            callback_on_fail,
+            callback_transform,
+        ) = self._rest
+        row = JobRow(
+            self.id,
+            self.kind,
+            self.queue,
+            self.raw_args,
+            state,
+            self.priority,
+            self.attempt,
+            self.max_attempts,
+            self.run_lease,
+            self.run_at,
+            self.created_at,
+            self.attempted_at,
+            None,
+            self.attempted_at,
+            self.deadline,
+            deadline_duration,
+            list(self.errors),
+            dict(self.metadata),
+            list(self.tags),
+            unique_key,
+            unique_states,
+            ordering_key,
+            str(callback_id) if callback_id is not None else None,
+            _from_epoch(callback_timeout_at) if callback_timeout_at is not None else None,
+            callback_filter,
+            callback_on_complete,
+            callback_on_fail,
+            callback_transform,
+            self._progress,
+            None,
+        )
+        for name, value in changes.items():
+            setattr(row, name, value)
+        return row
 
     @property
     def run_at(self) -> dt.datetime:

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 
 from awa.db import Statement, run_async
-from awa.errors import DatabaseError, UniqueConflict
+from awa.errors import DatabaseError
 from awa.job import Job
 from awa.model import JobRow
 from awa.sql import query
@@ -83,29 +83,9 @@ def outcome_statement(
     raise AssertionError(f"unknown outcome {outcome!r}")
 
 
-def duplicate_cancel_statement(job: Job[Any], error: str) -> Statement[JobRow | None]:
-    params = {"id": job.id, "lease": job.run_lease, "error": error}
-    return Statement(query("cancel_duplicate_attempt"), params, _row)
-
-
-async def commit_outcome(
-    conn: psycopg.AsyncConnection[Any], job: Job[Any], outcome: Outcome, retry: RetryPolicy
-) -> JobRow | None:
-    """Commit one outcome; None when the attempt was stale.
-
-    An outcome that would put the job back into its unique mask while a newer job holds the
-    key cancels this job instead (the newer one wins), so the attempt never wedges.
-    """
-    try:
-        return await run_async(conn, outcome_statement(job, outcome, retry))
-    except UniqueConflict:
-        log.warning(
-            "job %s (%s): outcome collides with a newer job holding its unique key; cancelling it",
-            job.id,
-            job.kind,
-        )
-        error = "cancelled: a newer job holds its unique key, so it cannot run again"
-        return await run_async(conn, duplicate_cancel_statement(job, error))
+# What a flush reports for each job: the job, its handler duration, and the commit time of
+# its completion as epoch seconds (None: the attempt was stale).
+Done = tuple[Job[Any], float, float | None]
 
 
 class CompletionBatcher:
@@ -122,13 +102,13 @@ class CompletionBatcher:
         *,
         batch_size: int,
         linger: float,
-        on_done: Callable[[list[tuple[Job[Any], bool]]], None],
+        on_done: Callable[[list[Done]], None],
     ) -> None:
         self._connect = connect
         self._batch_size = batch_size
         self._linger = linger
         self._on_done = on_done
-        self._pending: list[Job[Any]] = []
+        self._pending: list[tuple[Job[Any], float]] = []
         self._wakeup = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -142,8 +122,8 @@ class CompletionBatcher:
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="awa-completer")
 
-    def add(self, job: Job[Any]) -> None:
-        self._pending.append(job)
+    def add(self, job: Job[Any], duration: float) -> None:
+        self._pending.append((job, duration))
         self._idle.clear()
         self._wakeup.set()
 
@@ -176,18 +156,17 @@ class CompletionBatcher:
                 continue
             delay = 0.05
             del self._pending[: len(batch)]
-            self._on_done([(job, (job.id, job.run_lease) in applied) for job in batch])
+            self._on_done(
+                [(job, duration, applied.get((job.id, job.run_lease))) for job, duration in batch]
+            )
 
-    async def _flush(self, batch: list[Job[Any]]) -> set[tuple[int, int]]:
-        batch.sort(key=lambda job: job.id)
-        params = {
-            "ids": [job.id for job in batch],
-            "leases": [job.run_lease for job in batch],
-        }
+    async def _flush(self, batch: list[tuple[Job[Any], float]]) -> dict[tuple[int, int], float]:
+        jobs = sorted((job for job, _ in batch), key=lambda job: job.id)
+        params = {"ids": [job.id for job in jobs], "leases": [job.run_lease for job in jobs]}
         statement = Statement(
             query("complete_batch"),
             params,
-            lambda rows: {(row["id"], row["run_lease"]) for row in rows},
+            lambda rows: {(row["id"], row["run_lease"]): row["finalized_at"] for row in rows},
         )
         async with self._connect() as conn:
             return await run_async(conn, statement)

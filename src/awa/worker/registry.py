@@ -57,6 +57,9 @@ class TaskRegistry:
     def get(self, kind: str) -> Task | None:
         return self._tasks.get(kind)
 
+    def __contains__(self, kind: object) -> bool:
+        return kind in self._tasks
+
     def __iter__(self) -> Iterator[Task]:
         return iter(self._tasks.values())
 

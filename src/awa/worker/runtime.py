@@ -11,20 +11,27 @@ from typing import TYPE_CHECKING, Any
 
 from psycopg.rows import tuple_row
 
+from awa import events, metrics
 from awa.db import Statement, run_async, translate_errors
 from awa.errors import AwaError, DatabaseError
+from awa.events import Started
+from awa.followups import FollowUpError, FollowUpRegistry
+from awa.hooks import HookDispatcher
 from awa.job import Job
+from awa.model import JobRow, JobState
 from awa.sql import query
+from awa.worker import results
 from awa.worker.attempts import InFlight
-from awa.worker.completer import CompletionBatcher, commit_outcome
+from awa.worker.completer import CompletionBatcher, Done
 from awa.worker.config import QueueConfig, RuntimeConfig
 from awa.worker.dispatcher import QueueDispatcher
 from awa.worker.executor import run_attempt
+from awa.worker.finalizer import Committed, Finalizer
 from awa.worker.heartbeat import Heartbeat
 from awa.worker.listener import Listener
 from awa.worker.maintenance import Maintenance, promotion_duty
 from awa.worker.registry import TaskRegistry
-from awa.worker.results import Completed, Outcome
+from awa.worker.results import Outcome
 
 if TYPE_CHECKING:
     from awa.client import AsyncClient
@@ -43,8 +50,13 @@ class Runtime:
         registry: TaskRegistry,
         queues: list[QueueConfig],
         config: RuntimeConfig,
+        *,
+        hooks: HookDispatcher,
+        follow_ups: FollowUpRegistry,
     ) -> None:
         self._client = client
+        self._hooks = hooks
+        self._finalizer = Finalizer(follow_ups)
         self.registry = registry
         self.config = config
         self.queues = queues
@@ -221,8 +233,14 @@ class Runtime:
                 rows = await cursor.fetchall()
         jobs = [Job.from_claim(row, self) for row in rows]
         jobs.sort(key=lambda job: (job.priority, job._run_at, job.id))
+        hooks = self._hooks
         for job in jobs:
             self.inflight.add(job)
+            # Started goes out before the handler runs, without waiting for its hooks.
+            if hooks.wants(job.kind) and job.kind in self.registry:
+                hooks.dispatch(Started(job.snapshot(), job.raw_args))
+        if jobs:
+            metrics.claimed.add(len(jobs), {metrics.QUEUE: queue.name})
         return jobs
 
     async def _execute(self, job: Job[Any], queue: QueueConfig) -> None:
@@ -231,43 +249,79 @@ class Runtime:
         await self._finalize(job, outcome, queue)
 
     async def _finalize(self, job: Job[Any], outcome: Outcome, queue: QueueConfig) -> None:
-        if isinstance(outcome, Completed):
-            self._completer.add(job)
+        if isinstance(outcome, results.Completed) and not self._finalizer.needs_own_transaction(
+            job, outcome
+        ):
+            self._completer.add(job, outcome.duration)
             return
+        committed = await self._commit(job, outcome, queue)
+        self.inflight.remove(job)
+        if committed is None:
+            metrics.stale.add(1, {metrics.KIND: job.kind, metrics.QUEUE: job.queue})
+            log.debug("job %s lease %s: stale outcome ignored", job.id, job.run_lease)
+            return
+        _count_outcome(committed.row, outcome)
+        if committed.event is not None:
+            self._hooks.dispatch(committed.event)
+
+    async def _commit(
+        self, job: Job[Any], outcome: Outcome, queue: QueueConfig
+    ) -> Committed | None:
+        """Commit an outcome, retrying while the database is unreachable; None when the
+        attempt turned out stale or the outcome could not be saved (rescue recovers it)."""
         delay = 0.05
         while True:
             try:
                 async with self._client.connection() as conn:
-                    row = await commit_outcome(conn, job, outcome, queue.retry)
-                break
+                    return await self._finalizer.commit(conn, job, outcome, queue.retry)
             except DatabaseError as error:
                 if self._interrupting.is_set():
                     log.warning(
                         "job %s: outcome not saved (%s); rescue will retry it", job.id, error
                     )
-                    row = None
-                    break
+                    return None
                 log.warning("job %s: saving its outcome failed (%s); retrying", job.id, error)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+            except FollowUpError as error:
+                metrics.follow_up_failures.add(1, {metrics.KIND: job.kind})
+                log.error(
+                    "job %s (kind %s): a follow-up failed, so its outcome was rolled back and "
+                    "the job stays running until rescue: %s",
+                    job.id,
+                    job.kind,
+                    error,
+                )
+                return None
             except AwaError:
-                log.exception("job %s: saving its outcome failed", job.id)
-                row = None
-                break
-        if row is None:
-            log.debug("job %s lease %s: stale outcome ignored", job.id, job.run_lease)
-        self.inflight.remove(job)
+                log.exception("job %s (kind %s): saving its outcome failed", job.id, job.kind)
+                return None
 
     def _completions_backlogged(self) -> bool:
         return self._completer.pending > 4 * self.config.completion_batch_size
 
-    def _completions_done(self, results: list[tuple[Job[Any], bool]]) -> None:
-        for job, applied in results:
-            if applied:
-                self.completed += 1
-            else:
-                log.debug("job %s lease %s: stale completion ignored", job.id, job.run_lease)
+    def _completions_done(self, done: list[Done]) -> None:
+        completed = []
+        hooks = self._hooks
+        for job, duration, finalized_at in done:
             self.inflight.remove(job)
+            if finalized_at is None:
+                log.debug("job %s lease %s: stale completion ignored", job.id, job.run_lease)
+                continue
+            completed.append((job.kind, job.queue))
+            if hooks.wants(job.kind):
+                row = job.snapshot(
+                    JobState.COMPLETED,
+                    finalized_at=dt.datetime.fromtimestamp(finalized_at, dt.UTC),
+                    heartbeat_at=None,
+                    deadline_at=None,
+                    progress=None,
+                )
+                hooks.dispatch(
+                    events.Completed(row, row.args, dt.timedelta(seconds=duration), row.output)
+                )
+        self.completed += len(completed)
+        metrics.count_by_kind(metrics.completed, completed)
 
     def stats(self) -> dict[str, dict[str, int]]:
         return {
@@ -279,3 +333,20 @@ class Runtime:
             }
             for name, dispatcher in self._dispatchers.items()
         }
+
+
+def _count_outcome(row: JobRow, outcome: Outcome) -> None:
+    attributes = {metrics.KIND: row.kind, metrics.QUEUE: row.queue}
+    match row.state:
+        case JobState.COMPLETED:
+            metrics.completed.add(1, attributes)
+            if isinstance(outcome, results.Completed):
+                metrics.duration.record(outcome.duration, attributes)
+        case JobState.RETRYABLE:
+            metrics.retried.add(1, attributes)
+        case JobState.FAILED:
+            metrics.failed.add(1, {**attributes, "awa.job.terminal": True})
+        case JobState.CANCELLED:
+            metrics.cancelled.add(1, attributes)
+        case JobState.SCHEDULED:
+            metrics.snoozed.add(1, attributes)

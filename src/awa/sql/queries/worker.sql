@@ -31,15 +31,19 @@ SET state = 'running',
     END
 FROM picked
 WHERE j.id = picked.id AND j.state = 'available'
--- The returned columns are what awa.Job is built from, in this order. Timestamps travel as
--- epoch seconds and empty errors/metadata as NULL: both decode several times faster, and
--- the Job converts them back only when asked.
+-- The returned columns are what awa.Job is built from, in this order: the first sixteen
+-- are the handler's, the rest complete the row for lifecycle events (mostly NULL, so nearly
+-- free). Timestamps travel as epoch seconds and empty errors/metadata as NULL: both decode
+-- several times faster, and the Job converts them back only when asked.
 RETURNING j.id, j.kind, j.queue, j.args, j.priority, j.attempt, j.max_attempts, j.run_lease,
           extract(epoch FROM j.run_at)::float8,
           extract(epoch FROM j.created_at)::float8,
           extract(epoch FROM j.attempted_at)::float8,
           extract(epoch FROM j.deadline_at)::float8,
-          NULLIF(j.errors, '[]'::jsonb), NULLIF(j.metadata, '{}'::jsonb), j.tags, j.progress
+          NULLIF(j.errors, '[]'::jsonb), NULLIF(j.metadata, '{}'::jsonb), j.tags, j.progress,
+          j.deadline_duration, j.unique_key, j.unique_states, j.ordering_key, j.callback_id,
+          extract(epoch FROM j.callback_timeout_at)::float8, j.callback_filter,
+          j.callback_on_complete, j.callback_on_fail, j.callback_transform
 
 -- name: release_unstarted
 -- Claimed jobs that never reached a handler (shutdown) go back to available, giving back the
@@ -69,7 +73,7 @@ SET state = 'completed', finalized_at = now(), heartbeat_at = NULL, deadline_at 
     progress = NULL
 FROM locked
 WHERE j.id = locked.id
-RETURNING j.id, j.run_lease
+RETURNING j.id, j.run_lease, extract(epoch FROM j.finalized_at)::float8 AS finalized_at
 
 -- name: complete_job
 UPDATE awa.jobs

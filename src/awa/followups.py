@@ -1,0 +1,152 @@
+"""Durable follow-up jobs: specs registered per outcome and kind (``on_*_enqueue``).
+
+A spec's closure turns the trigger's args and committed row into follow-up args (or, for the
+``_with`` variants, an ``awa.EnqueueRequest`` or None). The follow-ups are inserted in the
+same transaction as the transition that triggers them, so both commit or neither does; a
+follow-up whose unique key is already held is skipped (a duplicate) and the transition
+still commits. Maintenance rescue is the exception: its follow-ups run in a transaction of
+their own after the rescue commits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import inspect
+import logging
+from collections.abc import Callable, Sequence
+from enum import StrEnum
+from typing import Any
+
+from awa.db import Flow
+from awa.events import RescueReason
+from awa.insert import PreparedJob, SkippingInsert, insert_skipping_duplicates_flow, prepare_job
+from awa.kinds import decode_args
+from awa.model import EnqueueRequest, InsertOpts, JobRow, check_name
+
+log = logging.getLogger("awa.followups")
+
+
+class Trigger(StrEnum):
+    """The outcomes follow-ups can be attached to."""
+
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+    RETRIED = "retried"
+    EXHAUSTED = "exhausted"
+    WAITING_FOR_CALLBACK = "waiting_for_callback"
+    RESCUED = "rescued"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TriggerContext:
+    """The outcome-specific values a spec's closure receives after ``(args, job)``."""
+
+    trigger: Trigger
+    reason: str | RescueReason | None = None
+    error: str | None = None
+    attempt: int | None = None
+    next_run_at: dt.datetime | None = None
+
+    def closure_args(self) -> tuple[Any, ...]:
+        match self.trigger:
+            case Trigger.CANCELLED | Trigger.RESCUED:
+                return (self.reason,)
+            case Trigger.RETRIED:
+                return (self.error, self.attempt, self.next_run_at)
+            case Trigger.EXHAUSTED:
+                return (self.error, self.attempt)
+        return ()
+
+
+class FollowUpError(Exception):
+    """A spec could not produce its follow-up: the transition is rolled back with it."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FollowUpSpec:
+    trigger: Trigger
+    kind: str
+    trigger_type: type[Any] | None
+    closure: Callable[..., Any]
+    returns_request: bool  # the _with variant
+
+    @property
+    def name(self) -> str:
+        variant = "_with" if self.returns_request else ""
+        closure = getattr(self.closure, "__qualname__", repr(self.closure))
+        return f"on_{self.trigger.value}_enqueue{variant} for {self.kind!r} ({closure})"
+
+    async def request(self, job: JobRow, context: TriggerContext) -> EnqueueRequest[Any] | None:
+        """Call the closure; the follow-up it asks for, or None for nothing."""
+        try:
+            args = decode_args(self.trigger_type, job.args)
+        except Exception as error:
+            raise FollowUpError(
+                f"{self.name}: the trigger's args do not decode: {error}"
+            ) from error
+        try:
+            result = self.closure(args, job, *context.closure_args())
+            if inspect.isawaitable(result):
+                result = await result
+        except Exception as error:
+            raise FollowUpError(f"{self.name} raised {type(error).__name__}: {error}") from error
+        if self.returns_request:
+            if result is None or isinstance(result, EnqueueRequest):
+                return result
+            raise FollowUpError(
+                f"{self.name} must return an awa.EnqueueRequest or None, "
+                f"not {type(result).__name__}"
+            )
+        if result is None:
+            raise FollowUpError(
+                f"{self.name} returned None; return the follow-up's args, or use the _with "
+                "variant to enqueue conditionally"
+            )
+        return result if isinstance(result, EnqueueRequest) else EnqueueRequest(result)
+
+
+class FollowUpRegistry:
+    """Specs by trigger and kind, in registration order."""
+
+    def __init__(self) -> None:
+        self._specs: dict[tuple[Trigger, str], list[FollowUpSpec]] = {}
+
+    def add(self, spec: FollowUpSpec) -> None:
+        check_name("kind", spec.kind)
+        if not callable(spec.closure):
+            raise TypeError(f"{spec.name}: the closure is not callable")
+        self._specs.setdefault((spec.trigger, spec.kind), []).append(spec)
+
+    def specs(self, trigger: Trigger, kind: str) -> list[FollowUpSpec]:
+        return self._specs.get((trigger, kind), [])
+
+    def has(self, trigger: Trigger, kind: str) -> bool:
+        return (trigger, kind) in self._specs
+
+    def __bool__(self) -> bool:
+        return bool(self._specs)
+
+
+async def prepare_follow_ups(
+    specs: Sequence[FollowUpSpec], job: JobRow, context: TriggerContext
+) -> list[PreparedJob]:
+    """Run the closures in order and validate what they ask for (like any insert)."""
+    prepared = []
+    defaults = InsertOpts()
+    for spec in specs:
+        request = await spec.request(job, context)
+        if request is None:
+            continue
+        try:
+            prepared.append(prepare_job(request, kind=None, opts=defaults))
+        except Exception as error:
+            raise FollowUpError(f"{spec.name}: invalid follow-up: {error}") from error
+    return prepared
+
+
+def follow_up_flow(jobs: Sequence[PreparedJob]) -> Flow[SkippingInsert]:
+    """Insert follow-ups in the caller's transaction, skipping held unique keys."""
+    if not jobs:
+        return SkippingInsert([], [])
+    return (yield from insert_skipping_duplicates_flow(jobs))

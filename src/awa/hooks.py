@@ -1,0 +1,149 @@
+"""Lifecycle hooks: per-kind callbacks run after a job's transition commits.
+
+Hooks are best-effort, in-process notifications. Each event is dispatched as its own task,
+after the commit that produced it; the hooks of one kind run one after another in
+registration order, while events of different jobs run concurrently. A hook never holds a
+worker slot, ``shutdown()`` does not wait for hooks, and a hook that raises is logged (with
+the job id and kind) without stopping the hooks after it. For side effects that must
+survive a crash, use the durable follow-ups (``on_*_enqueue``) instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from awa.events import JobEvent
+from awa.kinds import decode_args, derive_kind
+from awa.model import check_name
+from awa.worker.registry import is_async_callable
+
+log = logging.getLogger("awa.hooks")
+
+E = TypeVar("E", bound=Callable[..., Any])
+Hook = Callable[[Any], Awaitable[None] | None]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Registration:
+    hook: Hook
+    args_type: type[Any] | None  # None: untyped, the hook gets the JSON args
+    is_async: bool
+
+    @property
+    def name(self) -> str:
+        return getattr(self.hook, "__qualname__", repr(self.hook))
+
+
+class HookRegistry:
+    """Hooks by job kind, in registration order."""
+
+    def __init__(self) -> None:
+        self._by_kind: dict[str, list[_Registration]] = {}
+
+    def add(self, kind: str, hook: Hook, args_type: type[Any] | None) -> None:
+        check_name("kind", kind)
+        if not callable(hook):
+            raise TypeError(f"a lifecycle hook must be callable, not {type(hook).__name__}")
+        registration = _Registration(hook, args_type, is_async_callable(hook))
+        self._by_kind.setdefault(kind, []).append(registration)
+
+    def for_kind(self, kind: str) -> list[_Registration]:
+        return self._by_kind.get(kind, [])
+
+    def __contains__(self, kind: str) -> bool:
+        return kind in self._by_kind
+
+    def __bool__(self) -> bool:
+        return bool(self._by_kind)
+
+
+def register_decorator(
+    registry: HookRegistry, kind: str, args_type: type[Any] | None, hook: E | None
+) -> E | Callable[[E], E]:
+    """Register now (``hook`` given) or return a decorator that registers."""
+
+    def register(function: E) -> E:
+        registry.add(kind, function, args_type)
+        return function
+
+    return register if hook is None else register(hook)
+
+
+def kind_of(args_type: type[Any], kind: str | None) -> str:
+    if kind is not None:
+        return kind
+    if not isinstance(args_type, type):
+        raise TypeError("on_event() takes an args class (use on_event_kind for a kind name)")
+    return derive_kind(args_type.__name__)
+
+
+class HookDispatcher:
+    """Runs the hooks of committed events as background tasks."""
+
+    def __init__(self, registry: HookRegistry) -> None:
+        self._registry = registry
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def wants(self, kind: str) -> bool:
+        """Whether events of this kind have any hook (build no event otherwise)."""
+        return kind in self._registry
+
+    def dispatch(self, event: JobEvent[Any]) -> asyncio.Task[None] | None:
+        """Run the event's hooks in the background; returns their task (None: no hooks)."""
+        registrations = self._registry.for_kind(event.job.kind)
+        if not registrations:
+            return None
+        task = asyncio.create_task(self._run(registrations, event), name="awa-hooks")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def dispatch_and_wait(self, event: JobEvent[Any]) -> None:
+        """Run the event's hooks and wait for them (errors are logged, not raised)."""
+        registrations = self._registry.for_kind(event.job.kind)
+        if registrations:
+            await self._run(registrations, event)
+
+    def pending(self) -> int:
+        return len(self._tasks)
+
+    def cancel_all(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+
+    async def _run(self, registrations: list[_Registration], event: JobEvent[Any]) -> None:
+        job = event.job
+        for registration in registrations:
+            if registration.args_type is None:
+                typed = event
+            else:
+                try:
+                    args = decode_args(registration.args_type, job.args)
+                except Exception as error:
+                    log.warning(
+                        "skipping hook %s for job %s (kind %s): its args do not decode into %s: %s",
+                        registration.name,
+                        job.id,
+                        job.kind,
+                        getattr(registration.args_type, "__name__", registration.args_type),
+                        error,
+                    )
+                    continue
+                typed = dataclasses.replace(event, args=args)
+            try:
+                if registration.is_async:
+                    await registration.hook(typed)  # type: ignore[misc]
+                else:
+                    await asyncio.to_thread(registration.hook, typed)
+            except Exception:
+                log.exception(
+                    "lifecycle hook %s raised on %s of job %s (kind %s)",
+                    registration.name,
+                    type(event).__name__,
+                    job.id,
+                    job.kind,
+                )

@@ -1,0 +1,198 @@
+"""Committing one attempt's outcome with its follow-ups, and the event it produces.
+
+An outcome whose kind has follow-up specs for it runs in one transaction: the guarded
+transition, then the specs in registration order, then commit. If a closure raises or a
+follow-up cannot be inserted (a duplicate unique key excepted: it is skipped), everything
+rolls back and the job stays ``running`` until rescue. Outcomes without specs are a single
+guarded statement.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+
+from awa import metrics
+from awa.db import Statement, drive_async, run_async
+from awa.errors import UniqueConflict
+from awa.events import Cancelled, Completed, Exhausted, JobEvent, Retried
+from awa.followups import (
+    FollowUpRegistry,
+    FollowUpSpec,
+    Trigger,
+    TriggerContext,
+    follow_up_flow,
+    prepare_follow_ups,
+)
+from awa.job import Job
+from awa.model import JobRow, JobState
+from awa.sql import query
+from awa.worker import results
+from awa.worker.completer import outcome_statement
+from awa.worker.config import RetryPolicy
+
+log = logging.getLogger("awa.worker")
+
+SUPERSEDED_ERROR = "cancelled: a newer job holds its unique key, so this one cannot run again"
+
+
+class _OutcomeCollision(Exception):
+    """The transition would put the job into its unique mask while another job holds it."""
+
+
+def trigger_for(job: Job[Any], outcome: results.Outcome) -> Trigger | None:
+    """Which follow-ups an outcome fires (decided as the SQL decides exhaustion)."""
+    match outcome:
+        case results.Completed():
+            return Trigger.COMPLETED
+        case results.Retry():
+            return Trigger.EXHAUSTED if job.attempt >= job.max_attempts else Trigger.RETRIED
+        case results.Fail():
+            return Trigger.EXHAUSTED
+        case results.Cancelled():
+            return Trigger.CANCELLED
+    return None
+
+
+def trigger_context(trigger: Trigger, row: JobRow, outcome: results.Outcome) -> TriggerContext:
+    """The values the trigger's closures and events receive, from the committed row."""
+    match trigger:
+        case Trigger.CANCELLED:
+            reason = outcome.reason if isinstance(outcome, results.Cancelled) else last_error(row)
+            return TriggerContext(trigger, reason=reason)
+        case Trigger.RETRIED:
+            error = outcome.error if isinstance(outcome, results.Retry) else None
+            return TriggerContext(
+                trigger, error=error or "", attempt=row.attempt, next_run_at=row.run_at
+            )
+        case Trigger.EXHAUSTED:
+            return TriggerContext(trigger, error=last_error(row), attempt=row.attempt)
+    return TriggerContext(trigger)
+
+
+def last_error(row: JobRow) -> str:
+    return str(row.errors[-1].get("error", "")) if row.errors else ""
+
+
+def event_for(
+    trigger: Trigger | None, row: JobRow, context: TriggerContext | None, duration: float
+) -> JobEvent[Any] | None:
+    """The lifecycle event of a committed transition (None: it has none)."""
+    args = row.args
+    match trigger:
+        case Trigger.COMPLETED:
+            return Completed(row, args, dt.timedelta(seconds=duration), row.output)
+        case Trigger.RETRIED if context is not None:
+            return Retried(row, args, context.error or "", row.attempt, row.run_at)
+        case Trigger.EXHAUSTED if context is not None:
+            return Exhausted(row, args, context.error or "", row.attempt)
+        case Trigger.CANCELLED if context is not None:
+            return Cancelled(row, args, str(context.reason or ""))
+    return None
+
+
+@dataclasses.dataclass(slots=True)
+class Committed:
+    """A committed transition: the row and the event it produces (if any)."""
+
+    row: JobRow
+    event: JobEvent[Any] | None
+
+
+class Finalizer:
+    def __init__(self, follow_ups: FollowUpRegistry) -> None:
+        self._follow_ups = follow_ups
+
+    def needs_own_transaction(self, job: Job[Any], outcome: results.Outcome) -> bool:
+        trigger = trigger_for(job, outcome)
+        return trigger is not None and self._follow_ups.has(trigger, job.kind)
+
+    async def commit(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        job: Job[Any],
+        outcome: results.Outcome,
+        retry: RetryPolicy,
+    ) -> Committed | None:
+        """Commit ``outcome`` (and its follow-ups); None when the attempt was stale.
+
+        Raises FollowUpError (or a database error) when a follow-up fails; nothing is
+        committed then.
+        """
+        trigger = trigger_for(job, outcome)
+        specs = self._follow_ups.specs(trigger, job.kind) if trigger is not None else []
+        try:
+            row = await self._transition(conn, job, outcome, retry, trigger, specs)
+        except _OutcomeCollision:
+            log.warning(
+                "job %s (%s): a newer job holds its unique key; cancelling this one",
+                job.id,
+                job.kind,
+            )
+            params = {"id": job.id, "lease": job.run_lease, "error": SUPERSEDED_ERROR}
+            row = await run_async(conn, Statement(query("cancel_duplicate_attempt"), params, _row))
+            if row is None:
+                return None
+            superseded = TriggerContext(Trigger.CANCELLED, reason=SUPERSEDED_ERROR)
+            return Committed(row, event_for(Trigger.CANCELLED, row, superseded, 0.0))
+        if row is None:
+            return None
+        duration = outcome.duration if isinstance(outcome, results.Completed) else 0.0
+        trigger = _actual_trigger(trigger, row)
+        context = trigger_context(trigger, row, outcome) if trigger is not None else None
+        return Committed(row, event_for(trigger, row, context, duration))
+
+    async def _transition(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        job: Job[Any],
+        outcome: results.Outcome,
+        retry: RetryPolicy,
+        trigger: Trigger | None,
+        specs: Sequence[FollowUpSpec],
+    ) -> JobRow | None:
+        statement = outcome_statement(job, outcome, retry)
+        if not specs:
+            return await _guarded(conn, statement)
+        async with conn.transaction():
+            row = await _guarded(conn, statement)
+            if row is None or trigger is None:
+                return row
+            context = trigger_context(_actual_trigger(trigger, row) or trigger, row, outcome)
+            prepared = await prepare_follow_ups(specs, row, context)
+            result = await drive_async(conn, follow_up_flow(prepared))
+        attributes = {metrics.KIND: job.kind, "awa.follow_up.trigger": trigger.value}
+        if result.inserted:
+            metrics.follow_ups_committed.add(
+                len(result.inserted), {**attributes, "awa.follow_up.result": "inserted"}
+            )
+        if result.duplicates:
+            metrics.follow_ups_committed.add(
+                len(result.duplicates), {**attributes, "awa.follow_up.result": "duplicate"}
+            )
+        return row
+
+
+def _actual_trigger(trigger: Trigger | None, row: JobRow) -> Trigger | None:
+    # A retry on the last attempt exhausts the job: the row's state is the final word.
+    if trigger is Trigger.RETRIED and row.state is JobState.FAILED:
+        return Trigger.EXHAUSTED
+    return trigger
+
+
+async def _guarded(
+    conn: psycopg.AsyncConnection[Any], statement: Statement[JobRow | None]
+) -> JobRow | None:
+    try:
+        return await run_async(conn, statement)
+    except UniqueConflict as error:
+        raise _OutcomeCollision from error
+
+
+def _row(rows: list[dict[str, Any]]) -> JobRow | None:
+    return JobRow.from_record(rows[0]) if rows else None
