@@ -14,7 +14,7 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from awa.events import JobEvent
 from awa.kinds import decode_args, derive_kind
@@ -23,7 +23,6 @@ from awa.worker.registry import is_async_callable
 
 log = logging.getLogger("awa.hooks")
 
-E = TypeVar("E", bound=Callable[..., Any])
 Hook = Callable[[Any], Awaitable[None] | None]
 
 
@@ -59,18 +58,6 @@ class HookRegistry:
 
     def __bool__(self) -> bool:
         return bool(self._by_kind)
-
-
-def register_decorator(
-    registry: HookRegistry, kind: str, args_type: type[Any] | None, hook: E | None
-) -> E | Callable[[E], E]:
-    """Register now (``hook`` given) or return a decorator that registers."""
-
-    def register(function: E) -> E:
-        registry.add(kind, function, args_type)
-        return function
-
-    return register if hook is None else register(hook)
 
 
 def kind_of(args_type: type[Any], kind: str | None) -> str:
