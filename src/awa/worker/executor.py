@@ -21,6 +21,7 @@ from awa.worker.results import (
     Retry,
     Snoozed,
     format_error,
+    storable_text,
 )
 
 SHUTDOWN_ERROR = "interrupted: the worker shut down before the handler finished"
@@ -49,7 +50,7 @@ def classify(result: object, job: Job[Any], duration: float) -> Outcome:
     if isinstance(result, Snooze):
         return Snoozed(result.seconds)
     if isinstance(result, Cancel):
-        return Cancelled(str(result.reason))
+        return Cancelled(storable_text(str(result.reason)))
     raise AssertionError(f"unhandled outcome type {type(result).__name__}")
 
 

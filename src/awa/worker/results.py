@@ -50,8 +50,18 @@ class Interrupted:
 Outcome = Completed | Retry | Fail | Cancelled | Snoozed | Interrupted
 
 
+def storable_text(text: str) -> str:
+    """``text`` with NUL characters escaped: Postgres text cannot hold them, and a message
+    that contains one would make the outcome's statement fail."""
+    return text.replace("\x00", "\\x00") if "\x00" in text else text
+
+
 def format_error(error: BaseException) -> str:
     """``Type: message`` followed by the last lines of the traceback."""
+    return storable_text(_format_error(error))
+
+
+def _format_error(error: BaseException) -> str:
     name = type(error).__qualname__
     module = type(error).__module__
     if module not in ("builtins", "__main__"):
