@@ -62,6 +62,10 @@ async def run_attempt(
     shutting_down: asyncio.Event,
 ) -> Outcome:
     """Run the handler for ``job`` and return its outcome (never raises for handler errors)."""
+    if job.is_cancelled():
+        # Cancelled while it waited in the prefetch buffer: the handler must not start. The
+        # row has left 'running' already, so this outcome's guarded write changes nothing.
+        return Cancelled("cancelled before the handler started")
     if task is None:
         return Fail(f"unknown job kind: {job.kind} (no handler is registered for it here)")
     try:
