@@ -47,13 +47,18 @@ RETURNING j.id, j.kind, j.queue, j.args, j.priority, j.attempt, j.max_attempts, 
 
 -- name: release_unstarted
 -- Claimed jobs that never reached a handler (shutdown) go back to available, giving back the
--- attempt the claim took.
-UPDATE awa.jobs AS j
-SET state = 'available', attempt = j.attempt - 1, attempted_at = NULL, heartbeat_at = NULL,
-    deadline_at = NULL
-FROM unnest(%(ids)s::bigint[], %(leases)s::bigint[]) AS t(id, run_lease)
-WHERE j.id = t.id AND j.run_lease = t.run_lease AND j.state = 'running'
-RETURNING j.id
+-- attempt the claim took. Their queues are notified so other workers take them at once.
+WITH released AS (
+    UPDATE awa.jobs AS j
+    SET state = 'available', attempt = j.attempt - 1, attempted_at = NULL, heartbeat_at = NULL,
+        deadline_at = NULL
+    FROM unnest(%(ids)s::bigint[], %(leases)s::bigint[]) AS t(id, run_lease)
+    WHERE j.id = t.id AND j.run_lease = t.run_lease AND j.state = 'running'
+    RETURNING j.id, j.queue
+), notified AS (
+    SELECT queue, pg_notify('awa_jobs', queue) FROM (SELECT DISTINCT queue FROM released) AS q
+)
+SELECT (SELECT count(*) FROM released) AS released, (SELECT count(*) FROM notified) AS queues
 
 -- name: complete_batch
 -- Completes many attempts in one statement. Rows are locked in id order, the same order the
@@ -138,15 +143,20 @@ RETURNING *
 
 -- name: requeue_interrupted
 -- An attempt cut short by worker shutdown goes back to available without consuming the
--- attempt; the interruption is recorded in the error history.
-UPDATE awa.jobs
-SET state = 'available', attempt = attempt - 1, run_at = now(), heartbeat_at = NULL,
-    deadline_at = NULL, attempted_at = NULL,
-    progress = COALESCE(%(progress)s::jsonb, progress),
-    errors = errors || jsonb_build_array(jsonb_build_object(
-        'error', %(error)s::text, 'attempt', attempt, 'at', now()))
-WHERE id = %(id)s AND state = 'running' AND run_lease = %(lease)s
-RETURNING *
+-- attempt; the interruption is recorded in the error history. The queue is notified so
+-- other workers take the job at once.
+WITH requeued AS (
+    UPDATE awa.jobs
+    SET state = 'available', attempt = attempt - 1, run_at = now(), heartbeat_at = NULL,
+        deadline_at = NULL, attempted_at = NULL,
+        progress = COALESCE(%(progress)s::jsonb, progress),
+        errors = errors || jsonb_build_array(jsonb_build_object(
+            'error', %(error)s::text, 'attempt', attempt, 'at', now()))
+    WHERE id = %(id)s AND state = 'running' AND run_lease = %(lease)s
+    RETURNING *
+)
+SELECT r.* FROM requeued AS r
+CROSS JOIN LATERAL (SELECT pg_notify('awa_jobs', r.queue)) AS n
 
 -- name: cancel_duplicate_attempt
 -- Fallback when an outcome would move a job back into its unique mask while a newer job
