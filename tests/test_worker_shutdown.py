@@ -16,6 +16,7 @@ from helpers_worker import (
     queue,
     row,
     running_rows,
+    second_client,
     start,
     state_counts,
     wait_for,
@@ -250,3 +251,49 @@ async def test_repeated_shutdowns_under_load_leave_nothing_running(
             "SELECT count(*) FROM awa.jobs WHERE state = 'available' AND attempt <> 0"
         ).fetchone()
         assert bad == (0,)
+
+
+async def test_jobs_given_back_at_shutdown_wake_other_workers(
+    client: awa.AsyncClient, database_url: str, conn: Conn
+) -> None:
+    """Interrupted and unstarted jobs go back to available with a notification, so another
+    runtime (here with a 10 s poll) picks them up at once, not at its next poll."""
+    ran_on_b: list[int] = []
+
+    @client.task(Quick)
+    async def warm(job: awa.Job[Quick]) -> None:
+        pass
+
+    @client.task(Work)
+    async def stubborn(job: awa.Job[Work]) -> None:
+        await asyncio.sleep(job.args.seconds)  # ignores is_cancelled()
+
+    async with second_client(database_url) as other:
+
+        @other.task(Work)
+        async def finish(job: awa.Job[Work]) -> None:
+            ran_on_b.append(job.id)
+
+        other.task(Quick)(warm)
+        await start(client, queue(max_workers=1, prefetch=4, poll_interval=10))
+        for job in await client.insert_many([Quick(n) for n in range(5)]):
+            await wait_for_state(conn, job.id, "completed")
+        running = await client.insert(Work(60), priority=1)
+        buffered = await client.insert_many([Work(60) for _ in range(2)], priority=2)
+        runtime = client.runtime
+        assert runtime is not None
+        await wait_for(lambda: runtime.stats()["default"]["buffered"] == 2)
+        await wait_for_state(conn, running.id, "running")
+
+        # Runtime B starts idle: its first claim finds nothing, then it waits 10 s.
+        await start(other, queue(max_workers=4, poll_interval=10))
+        other_runtime = other.runtime
+        assert other_runtime is not None
+        await wait_for(lambda: other_runtime.stats()["default"]["claimed"] == 0)
+        await asyncio.sleep(0.1)
+
+        await shutdown_within(client, 0.1, limit=5)
+        for job in [running, *buffered]:
+            await wait_for_state(conn, job.id, "completed", timeout=2)
+        await other.shutdown()
+    assert sorted(ran_on_b) == sorted(job.id for job in [running, *buffered])
