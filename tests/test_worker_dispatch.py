@@ -250,3 +250,50 @@ async def test_max_workers_bounds_concurrency(client: awa.AsyncClient, conn: Con
 async def test_wait_for_helper_times_out_with_a_message() -> None:
     with pytest.raises(AssertionError, match="never"):
         await wait_for(lambda: False, 0.05, message="never")
+
+
+async def test_queue_names_that_look_like_injection(client: awa.AsyncClient, conn: Conn) -> None:
+    names = ["x'); DROP TABLE awa.jobs;--", 'a"b', "%s", "%(x)s", "{}", "$1", "back\\slash", "🚀"]
+    seen: list[str] = []
+    for index, name in enumerate(names):
+
+        def register(name: str = name, kind: str = f"k{index}") -> None:
+            @client.task(None, kind=kind, queue=name)
+            async def handle(job: awa.Job[Any]) -> None:
+                seen.append(job.queue)
+
+        register()
+    await start(client, {name: {"max_workers": 1, "poll_interval": 10} for name in names})
+    await asyncio.sleep(0.1)
+    jobs = [await client.insert({}, kind=f"k{i}", queue=name) for i, name in enumerate(names)]
+    for job in jobs:
+        await wait_for_state(conn, job.id, "completed", timeout=2)
+    await client.shutdown()
+    assert sorted(seen) == sorted(names)
+
+
+async def test_pickup_by_notification_resumes_after_the_listener_reconnects(
+    client: awa.AsyncClient, conn: Conn
+) -> None:
+    @client.task(Ping)
+    async def handle(job: awa.Job[Ping]) -> None:
+        pass
+
+    await start(client, queue(poll_interval=10))
+    runtime = client.runtime
+    assert runtime is not None
+    listener = runtime._listener
+    assert listener is not None
+    await wait_for(lambda: listener.connected)
+    killed = conn.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND query LIKE 'LISTEN awa_jobs%%'"
+    ).fetchall()
+    assert killed == [(True,)]
+    await wait_for(lambda: not listener.connected, 3)
+    await wait_for(lambda: listener.connected, 5)
+    began = time.monotonic()
+    job = await client.insert(Ping())
+    await wait_for_state(conn, job.id, "completed", timeout=2)
+    assert time.monotonic() - began < 2
+    await client.shutdown()

@@ -294,3 +294,31 @@ async def test_sync_handler_flushes_progress(client: awa.AsyncClient, conn: Conn
     release.set()
     await wait_for_state(conn, job.id, "completed")
     await client.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("outcome", "state"),
+    [
+        (lambda: awa.Cancel("stop"), "cancelled"),
+        (lambda: awa.Snooze(60), "scheduled"),
+        (lambda: awa.RetryAfter(60), "retryable"),
+        (lambda: awa.TerminalError("fatal"), "failed"),
+    ],
+    ids=["cancel", "snooze", "retry_after", "terminal"],
+)
+async def test_progress_is_kept_by_every_outcome_but_completion(
+    client: awa.AsyncClient, conn: Conn, outcome: Any, state: str
+) -> None:
+    @client.task(Work)
+    async def handle(job: awa.Job[Work]) -> Any:
+        job.set_progress(70, "kept")
+        result = outcome()
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    job = await client.insert(Work())
+    await start(client, heartbeat_interval=30, heartbeat_staleness=90)
+    final = await wait_for_state(conn, job.id, state)
+    await client.shutdown()
+    assert final["progress"] == {"percent": 70, "message": "kept"}

@@ -297,3 +297,28 @@ async def test_jobs_given_back_at_shutdown_wake_other_workers(
             await wait_for_state(conn, job.id, "completed", timeout=2)
         await other.shutdown()
     assert sorted(ran_on_b) == sorted(job.id for job in [running, *buffered])
+
+
+async def test_heartbeats_continue_during_the_drain(client: awa.AsyncClient, conn: Conn) -> None:
+    release = asyncio.Event()
+
+    @client.task(Work)
+    async def handle(job: awa.Job[Work]) -> None:
+        await release.wait()
+
+    job = await client.insert(Work())
+    await start(client, heartbeat_interval=0.2, heartbeat_staleness=1.0)
+    await wait_for_state(conn, job.id, "running")
+    task = asyncio.create_task(client.shutdown(timeout=10))
+    await asyncio.sleep(0)
+    first = row(conn, job.id)["heartbeat_at"]
+
+    def advanced() -> bool:
+        current = row(conn, job.id)["heartbeat_at"]
+        return current is not None and current > first
+
+    await wait_for(advanced, 2)
+    assert not task.done()
+    release.set()
+    await asyncio.wait_for(task, 5)
+    assert row(conn, job.id)["state"] == "completed"
