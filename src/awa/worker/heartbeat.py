@@ -40,7 +40,9 @@ class Heartbeat:
         self._beat_now = threading.Event()
         self._thread: threading.Thread | None = None
         self._conn: psycopg.Connection[Any] | None = None
-        self._flushed_versions: dict[int, int] = {}
+        # Progress version last written per attempt, keyed by (id, run_lease): a new attempt
+        # of the same job starts counting again and must not inherit the old one's entry.
+        self._flushed_versions: dict[tuple[int, int], int] = {}
         self.alive = False
         self.beats = 0
 
@@ -78,9 +80,9 @@ class Heartbeat:
 
     def _beat(self) -> None:
         jobs = sorted(self._snapshot(), key=lambda job: job.id)
-        live = {job.id for job in jobs}
+        live = {(job.id, job.run_lease) for job in jobs}
         self._flushed_versions = {
-            job_id: version for job_id, version in self._flushed_versions.items() if job_id in live
+            key: version for key, version in self._flushed_versions.items() if key in live
         }
         if not jobs:
             return
@@ -102,7 +104,7 @@ class Heartbeat:
                     },
                 )
                 for job, version in zip(chunk, versions, strict=True):
-                    self._flushed_versions[job.id] = version
+                    self._flushed_versions[job.id, job.run_lease] = version
             self.beats += 1
         except psycopg.Error as error:
             log.warning("heartbeat for %d running jobs failed: %s", len(jobs), error)
@@ -111,6 +113,6 @@ class Heartbeat:
                 self._conn = None
 
     def _progress_json(self, job: Job[Any], version: int) -> str | None:
-        if version == 0 or self._flushed_versions.get(job.id) == version:
+        if version == 0 or self._flushed_versions.get((job.id, job.run_lease)) == version:
             return None
         return json.dumps(job._progress, ensure_ascii=False, separators=(",", ":"), default=str)
