@@ -392,3 +392,34 @@ async def test_job_cancelled_while_buffered_never_runs(client: awa.AsyncClient, 
     final = row(conn, buffered.id)
     assert final["state"] == "cancelled"
     assert final["errors"] == []
+
+
+async def test_heartbeat_carries_the_progress_of_a_new_attempt(
+    client: awa.AsyncClient, conn: Conn
+) -> None:
+    """Progress bookkeeping is per attempt: attempt 2 of the same job, claimed right after
+    attempt 1 by the same process, still gets its progress written by the heartbeat."""
+    release = asyncio.Event()
+
+    @client.task(Work)
+    async def handle(job: awa.Job[Work]) -> Any:
+        if job.attempt == 1:
+            job.set_progress(10, "first")
+            # Return just after a heartbeat wrote it, so attempt 2 is claimed before the
+            # next beat.
+            await wait_for(lambda: (row(conn, job.id)["progress"] or {}).get("message"), 3)
+            return awa.RetryAfter(0)
+        job.set_progress(20, "second")
+        await release.wait()
+        return None
+
+    job = await client.insert(Work())
+    await start(client, heartbeat_interval=0.2, heartbeat_staleness=1.0)
+    try:
+        await wait_for(
+            lambda: row(conn, job.id)["progress"] == {"percent": 20, "message": "second"}, 3
+        )
+    finally:
+        release.set()
+    await wait_for_state(conn, job.id, "completed")
+    await client.shutdown()
