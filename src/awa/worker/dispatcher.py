@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from awa.errors import DatabaseError
+from awa.errors import AwaError
 from awa.job import Job
 from awa.worker.config import QueueConfig
 
@@ -97,12 +97,15 @@ class QueueDispatcher:
             if size > 0:
                 try:
                     jobs = await self._claim(self.config, size)
-                except DatabaseError as error:
+                except Exception as error:
+                    # Whatever it is (database down, schema not migrated yet, a bug), the
+                    # dispatcher must survive it: a dead dispatcher claims nothing, silently.
                     log.warning(
                         "queue %s: claiming failed (%s); retrying in %.1fs",
                         self.config.name,
                         error,
                         delay,
+                        exc_info=not isinstance(error, AwaError),
                     )
                     await self._idle(delay)
                     delay = min(delay * 2, 5.0)
