@@ -283,3 +283,30 @@ async def test_client_close_shuts_the_worker_down(database_url: str, conn: Conn)
     await wait_for_state(conn, job.id, "completed")
     await client.close()
     assert client.runtime is None
+
+
+async def test_worker_on_an_unmigrated_database_recovers_once_migrated(
+    fresh_database: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Claims fail while the schema is missing: the worker says so and keeps trying, shuts
+    down cleanly, and works once the schema exists."""
+    async with awa.AsyncClient(fresh_database) as client:
+
+        @client.task(Ping)
+        async def handle(job: awa.Job[Ping]) -> None:
+            pass
+
+        await start(client)
+        await wait_for(lambda: "schema" in caplog.text, 5)
+        await client.migrate()
+        job = await client.insert(Ping())
+        await wait_for(
+            lambda: _state(client, job.id), 10, message="the worker never claimed the job"
+        )
+        await client.shutdown(timeout=2)
+        assert client.runtime is None
+
+
+async def _state(client: awa.AsyncClient, job_id: int) -> bool:
+    row = await client.get_job(job_id)
+    return row is not None and row.state is awa.JobState.COMPLETED
