@@ -126,7 +126,17 @@ class HookDispatcher:
                     await registration.hook(typed)  # type: ignore[misc]
                 else:
                     await asyncio.to_thread(registration.hook, typed)
-            except Exception:
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as error:
+                # A hook that raises anything (a BaseException subclass, or CancelledError
+                # of its own making) is logged and the next hook runs; only a cancellation
+                # of this task (client.close()) stops the hooks.
+                current = asyncio.current_task()
+                if isinstance(error, asyncio.CancelledError) and (
+                    current is not None and current.cancelling()
+                ):
+                    raise
                 log.exception(
                     "lifecycle hook %s raised on %s of job %s (kind %s)",
                     registration.name,
