@@ -260,7 +260,7 @@ class Job(Generic[A]):
     def is_cancelled(self) -> bool:
         return self._cancelled
 
-    def set_progress(self, percent: int, message: str | None = None) -> None:
+    def set_progress(self, percent: float, message: str | None = None) -> None:
         """Record progress (percent clamped to 0-100); stored by the next heartbeat, at the
         end of the attempt, or by ``flush_progress()``. Survives retries; cleared on
         completion."""
