@@ -12,13 +12,11 @@ import contextlib
 import datetime as dt
 import inspect
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import awa
 from jobs_helpers import Conn, job_row, must_job_row
-
-T = TypeVar("T")
 
 # Per-queue settings that keep the suite fast: a short fallback poll.
 FAST_QUEUE: dict[str, Any] = {"poll_interval": 0.05}
@@ -50,12 +48,12 @@ async def second_client(database_url: str) -> AsyncIterator[awa.AsyncClient]:
 
 
 async def wait_for(
-    predicate: Callable[[], T | Awaitable[T]],
+    predicate: Callable[[], Any],
     timeout: float = 5.0,
     *,
     interval: float = 0.01,
     message: str | Callable[[], str] | None = None,
-) -> T:
+) -> Any:
     """Poll ``predicate`` (sync or async) until it returns something truthy, and return it.
 
     Raises AssertionError when ``timeout`` seconds pass first.
@@ -66,7 +64,7 @@ async def wait_for(
         if inspect.isawaitable(result):
             result = await result
         if result:
-            return result  # type: ignore[return-value]
+            return result
         if time.monotonic() >= deadline:
             text = message() if callable(message) else message
             raise AssertionError(text or f"condition not met within {timeout}s")
@@ -82,11 +80,12 @@ async def wait_for_state(
         row = job_row(conn, job_id)
         return row if row is not None and row["state"] == state else None
 
-    return await wait_for(
+    found: dict[str, Any] = await wait_for(
         check,
         timeout,
         message=lambda: f"job {job_id} never reached {state!r}: {describe(conn, job_id)}",
     )
+    return found
 
 
 async def wait_for_all(conn: Conn, state: str, count: int, timeout: float = 10.0) -> None:
@@ -114,6 +113,14 @@ def describe(conn: Conn, job_id: int) -> str:
 
 def row(conn: Conn, job_id: int) -> dict[str, Any]:
     return must_job_row(conn, job_id)
+
+
+def insert_raw(conn: Conn, statement: str, *params: Any) -> int:
+    """Run an ``INSERT ... RETURNING id`` written by hand (bypassing awa's validation) and
+    return the new job's id."""
+    result = conn.execute(statement, params).fetchone()
+    assert result is not None
+    return int(result[0])
 
 
 def db_now(conn: Conn) -> dt.datetime:

@@ -10,6 +10,7 @@ import datetime as dt
 import awa
 from helpers_worker import (
     db_now,
+    insert_raw,
     queue,
     row,
     second_client,
@@ -53,10 +54,11 @@ async def test_past_run_at_is_promoted_at_once(client: awa.AsyncClient, conn: Co
 
     await start(client, queue(poll_interval=10))
     # Scheduled with a run_at already past (e.g. the leader was down): due immediately.
-    (job_id,) = conn.execute(
+    job_id = insert_raw(
+        conn,
         "INSERT INTO awa.jobs (kind, state, run_at) "
-        "VALUES ('work', 'scheduled', now() - interval '1 minute') RETURNING id"
-    ).fetchone() or (None,)
+        "VALUES ('work', 'scheduled', now() - interval '1 minute') RETURNING id",
+    )
     await wait_for_state(conn, job_id, "completed", timeout=3)
     await client.shutdown()
 
@@ -69,10 +71,11 @@ async def test_retryable_jobs_are_promoted(client: awa.AsyncClient, conn: Conn) 
         attempts.append(job.attempt)
 
     await start(client, queue(poll_interval=10))
-    (job_id,) = conn.execute(
+    job_id = insert_raw(
+        conn,
         "INSERT INTO awa.jobs (kind, state, attempt, run_lease, run_at) "
-        "VALUES ('work', 'retryable', 1, 1, now() + interval '300 milliseconds') RETURNING id"
-    ).fetchone() or (None,)
+        "VALUES ('work', 'retryable', 1, 1, now() + interval '300 milliseconds') RETURNING id",
+    )
     final = await wait_for_state(conn, job_id, "completed", timeout=3)
     await client.shutdown()
     assert attempts == [2]

@@ -18,7 +18,16 @@ from typing import Any
 import pytest
 
 import awa
-from helpers_worker import no_longer_in_flight, queue, seconds, start, wait_for, wait_for_state
+from helpers_worker import (
+    insert_raw,
+    no_longer_in_flight,
+    queue,
+    row,
+    seconds,
+    start,
+    wait_for,
+    wait_for_state,
+)
 from jobs_helpers import Conn
 
 
@@ -257,10 +266,11 @@ async def test_undecodable_args_fail_terminally(client: awa.AsyncClient, conn: C
     async def handle(job: awa.Job[Work]) -> None:
         raise AssertionError("must not run")
 
-    (job_id,) = conn.execute(
+    job_id = insert_raw(
+        conn,
         "INSERT INTO awa.jobs (kind, queue, args) VALUES ('work', 'default', %s) RETURNING id",
-        ('{"n": "not a number", "extra": true}',),
-    ).fetchone() or (None,)
+        '{"n": "not a number", "extra": true}',
+    )
     await start(client)
     final = await wait_for_state(conn, job_id, "failed")
     await client.shutdown()
@@ -408,13 +418,7 @@ async def test_crash_kinds_are_retryable_and_the_worker_keeps_serving(
         await wait_for_state(conn, job.id, "completed")
     await client.shutdown(timeout=2)
     assert others == [job.id for job in after]
-    assert only_error(conn_row(conn, crashed.id))["attempt"] == 1
-
-
-def conn_row(conn: Conn, job_id: int) -> dict[str, Any]:
-    from helpers_worker import row
-
-    return row(conn, job_id)
+    assert only_error(row(conn, crashed.id))["attempt"] == 1
 
 
 @pytest.mark.parametrize("outcome", [awa.RetryAfter, awa.Snooze])

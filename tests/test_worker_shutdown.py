@@ -9,6 +9,7 @@ import asyncio
 import dataclasses
 import threading
 import time
+from functools import partial
 
 import awa
 from awa.worker.runtime import CANCEL_GRACE
@@ -244,7 +245,7 @@ async def test_repeated_shutdowns_under_load_leave_nothing_running(
     for cycle in range(8):
         await start(client, queue(max_workers=4, claim_batch_size=5))
         target = state_counts(conn).get("completed", 0) + 10
-        await wait_for(lambda target=target: state_counts(conn).get("completed", 0) >= target)
+        await wait_for(partial(_completed_at_least, conn, target))
         await shutdown_within(client, 2, limit=6)
         assert running_rows(conn) == [], f"cycle {cycle}: {state_counts(conn)}"
         bad = conn.execute(
@@ -322,3 +323,7 @@ async def test_heartbeats_continue_during_the_drain(client: awa.AsyncClient, con
     release.set()
     await asyncio.wait_for(task, 5)
     assert row(conn, job.id)["state"] == "completed"
+
+
+def _completed_at_least(conn: Conn, count: int) -> bool:
+    return state_counts(conn).get("completed", 0) >= count

@@ -261,8 +261,9 @@ async def test_run_context_manager(client: awa.AsyncClient, conn: Conn) -> None:
         await wait_for_state(conn, job.id, "running")
     # Leaving the block shut the worker down after letting the job finish.
     assert client.runtime is None
-    assert await client.get_job(job.id) is not None
-    assert (await client.get_job(job.id)).state is awa.JobState.COMPLETED  # type: ignore[union-attr]
+    final = await client.get_job(job.id)
+    assert final is not None
+    assert final.state is awa.JobState.COMPLETED
     assert running_rows(conn) == []
 
 
