@@ -246,7 +246,13 @@ class Runtime:
     async def _execute(self, job: Job[Any], queue: QueueConfig) -> None:
         task = self.registry.get(job.kind)
         outcome = await run_attempt(job, task, self.threads, shutting_down=self._interrupting)
-        await self._finalize(job, outcome, queue)
+        try:
+            await self._finalize(job, outcome, queue)
+        except Exception:
+            # Never let it kill the slot. The row stays running; dropping the attempt from
+            # the in-flight set stops its heartbeat, so rescue can recover it.
+            log.exception("job %s: finalizing its attempt failed; rescue will retry it", job.id)
+            self.inflight.remove(job)
 
     async def _finalize(self, job: Job[Any], outcome: Outcome, queue: QueueConfig) -> None:
         if isinstance(outcome, results.Completed) and not self._finalizer.needs_own_transaction(
