@@ -480,3 +480,36 @@ async def test_nul_bytes_in_error_texts_are_stored_escaped(
     assert only_error(retry_row)["error"].startswith("ValueError: bad \\x00 input")
     assert "terminal \\x00 input" in only_error(fail_row)["error"]
     assert only_error(cancel_row)["error"] == "cancelled: reason \\x00 here"
+
+
+async def test_an_unexpected_error_while_finalizing_costs_no_slot(
+    client: awa.AsyncClient, conn: Conn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fault injection: if committing an outcome fails in a way nobody planned for, the
+    handler slot survives (the next job runs) and the attempt leaves the in-flight set, so
+    it is no longer heartbeated as if it were alive."""
+    from awa.worker.runtime import Runtime
+
+    original = Runtime._finalize
+    failures: list[int] = []
+
+    async def flaky(self: Runtime, job: awa.Job[Any], outcome: Any, queue_config: Any) -> None:
+        if not failures:
+            failures.append(job.id)
+            raise RuntimeError("injected finalizer failure")
+        await original(self, job, outcome, queue_config)
+
+    monkeypatch.setattr(Runtime, "_finalize", flaky)
+
+    @client.task(Work)
+    async def handle(job: awa.Job[Work]) -> None:
+        pass
+
+    await start(client, queue(max_workers=1))
+    first = await client.insert(Work(1))
+    await wait_for(lambda: failures == [first.id])
+    await no_longer_in_flight(client, first.id)
+    second = await client.insert(Work(2))
+    await wait_for_state(conn, second.id, "completed")
+    await client.shutdown(timeout=2)
+    assert row(conn, first.id)["state"] == "running"  # left for rescue
