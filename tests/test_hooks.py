@@ -747,3 +747,30 @@ async def test_shutdown_does_not_wait_for_hooks(client: awa.AsyncClient, conn: C
     assert time.monotonic() - began < 5
     assert client.hook_dispatcher.pending() >= 1
     assert finished == []
+
+
+async def test_blocked_def_hooks_do_not_block_shutdown(client: awa.AsyncClient, conn: Conn) -> None:
+    """Plain def hooks that block (here until the test ends) on 100 events: shutdown still
+    returns. They must not hold threads the runtime itself needs (asyncio's default
+    executor, which shutdown uses)."""
+    release = threading.Event()
+    entered: list[int] = []
+
+    @client.on_event(Work)
+    def blocking(event: awa.JobEvent[Work]) -> None:
+        entered.append(event.job.id)
+        release.wait(30)
+
+    @client.task(Work)
+    async def handle(job: awa.Job[Work]) -> None:
+        return None
+
+    try:
+        await client.insert_many([Work(value=n) for n in range(50)])
+        await start(client, queue(max_workers=10))
+        await wait_for_all(conn, "completed", 50)
+        await wait_for(lambda: len(entered) > 0)
+        await asyncio.wait_for(client.shutdown(), 10)
+        assert client.hook_dispatcher.pending() > 0
+    finally:
+        release.set()

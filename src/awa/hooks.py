@@ -11,9 +11,12 @@ survive a crash, use the durable follow-ups (``on_*_enqueue``) instead.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import logging
+import os
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from awa.events import JobEvent
@@ -74,6 +77,9 @@ class HookDispatcher:
     def __init__(self, registry: HookRegistry) -> None:
         self._registry = registry
         self._tasks: set[asyncio.Task[None]] = set()
+        # Plain def hooks run on threads of their own: on asyncio's default executor, hooks
+        # that block would queue ahead of the runtime's own calls there (shutdown uses it).
+        self._threads: ThreadPoolExecutor | None = None
 
     def wants(self, kind: str) -> bool:
         """Whether events of this kind have any hook (build no event otherwise)."""
@@ -101,6 +107,17 @@ class HookDispatcher:
     def cancel_all(self) -> None:
         for task in list(self._tasks):
             task.cancel()
+        if self._threads is not None:
+            self._threads.shutdown(wait=False, cancel_futures=True)
+            self._threads = None
+
+    def _run_sync(self, hook: Hook, event: JobEvent[Any]) -> asyncio.Future[Any]:
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(
+                max_workers=min(32, (os.cpu_count() or 1) + 4), thread_name_prefix="awa-hook"
+            )
+        context = contextvars.copy_context()
+        return asyncio.get_running_loop().run_in_executor(self._threads, context.run, hook, event)
 
     async def _run(self, registrations: list[_Registration], event: JobEvent[Any]) -> None:
         job = event.job
@@ -125,7 +142,7 @@ class HookDispatcher:
                 if registration.is_async:
                     await registration.hook(typed)  # type: ignore[misc]
                 else:
-                    await asyncio.to_thread(registration.hook, typed)
+                    await self._run_sync(registration.hook, typed)
             except (KeyboardInterrupt, SystemExit):
                 raise
             except BaseException as error:
