@@ -802,3 +802,27 @@ async def test_trigger_and_follow_up_on_a_worked_queue(client: awa.AsyncClient, 
     [follow_up] = await wait_follow_ups(conn, 1)
     await wait_for_state(conn, follow_up["id"], "completed")
     assert done == [WelcomeEmail(9, trigger.id)]
+
+
+async def test_per_job_completions_count_as_completed_by_the_runtime(
+    client: awa.AsyncClient, conn: Conn
+) -> None:
+    """runtime.completed (read by `awa bench` and progress displays) counts completions of
+    the per-job path as well as the batched ones."""
+    client.on_completed_enqueue(Signup, welcome)
+
+    @client.task(Signup, queue=TRIGGERS)
+    async def handle(job: awa.Job[Signup]) -> None:
+        return None
+
+    @client.task(AuditEntry, queue=TRIGGERS)
+    async def audit(job: awa.Job[AuditEntry]) -> None:
+        return None
+
+    await client.insert_many([Signup(n) for n in range(3)], queue=TRIGGERS)
+    await client.insert_many([AuditEntry(n) for n in range(2)], queue=TRIGGERS)
+    await start(client, trigger_queue())
+    await wait_for_all(conn, "completed", 5)
+    runtime = client.runtime
+    assert runtime is not None
+    await wait_for(lambda: runtime.completed == 5, message=lambda: f"{runtime.completed}")

@@ -267,6 +267,8 @@ class Runtime:
             log.debug("job %s lease %s: stale outcome ignored", job.id, job.run_lease)
             return
         _count_outcome(committed.row, outcome)
+        if committed.row.state is JobState.COMPLETED:
+            self.completed += 1
         if committed.event is not None:
             self._hooks.dispatch(committed.event)
 
