@@ -177,6 +177,42 @@ async def test_raising_closure_rolls_the_trigger_back(
     assert [type(e).__name__ for e in recorder.events if e.job.id == bad.id] == ["Started"]
 
 
+class ClosureCrash(BaseException):
+    """A BaseException that is not an Exception."""
+
+
+@pytest.mark.parametrize(
+    "raised", [ClosureCrash("crash"), asyncio.CancelledError("own")], ids=["base", "cancelled"]
+)
+async def test_closure_raising_a_base_exception_rolls_back_like_any_error(
+    client: awa.AsyncClient, conn: Conn, raised: BaseException
+) -> None:
+    """A closure raising a BaseException subclass, or a CancelledError of its own, is a
+    failing closure like any other: rolled back, counted, the attempt dropped from the
+    runtime (so its heartbeat stops and rescue can recover it), and the worker goes on."""
+
+    @client.on_completed_enqueue(Signup)
+    def spec(args: Signup, job: awa.JobRow) -> WelcomeEmail:
+        if args.user_id == 13:
+            raise raised
+        return welcome(args, job)
+
+    @client.task(Signup, queue=TRIGGERS)
+    async def handle(job: awa.Job[Signup]) -> None:
+        return None
+
+    failures = Counters.capture("awa.job.follow_up_failures", **{"awa.job.kind": "signup"})
+    bad = await insert_trigger(client, 13)
+    await start(client, trigger_queue(max_workers=1))
+    await wait_for(lambda: failures.delta() == 1)
+    await no_longer_in_flight(client, bad.id)
+    assert row(conn, bad.id)["state"] == "running"
+    good = await insert_trigger(client, 14)
+    await wait_for_state(conn, good.id, "completed")
+    [follow_up] = await wait_follow_ups(conn, 1)
+    assert follow_up["args"]["triggered_by_job_id"] == good.id
+
+
 async def test_with_closure_routes_to_queue_and_priority(
     client: awa.AsyncClient, conn: Conn
 ) -> None:

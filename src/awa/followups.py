@@ -10,6 +10,7 @@ their own after the rescue commits.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime as dt
 import inspect
@@ -89,7 +90,18 @@ class FollowUpSpec:
             result = self.closure(args, job, *context.closure_args())
             if inspect.isawaitable(result):
                 result = await result
-        except Exception as error:
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as error:
+            # Anything a closure raises rolls the transition back, a BaseException subclass
+            # or a CancelledError of its own included: let through, it would kill the
+            # worker slot and leave the attempt heartbeating forever. Only a cancellation
+            # of the attempt's task itself (shutdown) propagates.
+            current = asyncio.current_task()
+            if isinstance(error, asyncio.CancelledError) and (
+                current is not None and current.cancelling()
+            ):
+                raise
             raise FollowUpError(f"{self.name} raised {type(error).__name__}: {error}") from error
         if self.returns_request:
             if result is None or isinstance(result, EnqueueRequest):
