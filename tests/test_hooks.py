@@ -774,3 +774,26 @@ async def test_blocked_def_hooks_do_not_block_shutdown(client: awa.AsyncClient, 
         assert client.hook_dispatcher.pending() > 0
     finally:
         release.set()
+
+
+async def test_registration_errors(client: awa.AsyncClient) -> None:
+    """Hooks take an args class (or a kind via on_event_kind) and a callable, and are
+    registered before start()."""
+    with pytest.raises(TypeError, match="on_event_kind"):
+        client.on_event("work", Recorder())  # type: ignore[call-overload]
+    with pytest.raises(TypeError, match="callable"):
+        client.on_event(Work, "not a function")  # type: ignore[call-overload]
+    with pytest.raises(awa.ValidationError):
+        client.on_event_kind("", Recorder())
+    with pytest.raises(TypeError, match="not callable"):
+        client.on_completed_enqueue(Work, 5)
+
+    @client.task(Work)
+    async def handle(job: awa.Job[Work]) -> None:
+        return None
+
+    await start(client)
+    with pytest.raises(awa.AwaError, match="before start"):
+        client.on_event(Work, Recorder())
+    with pytest.raises(awa.AwaError, match="before start"):
+        client.on_completed_enqueue(Work, lambda args, job: Other())
