@@ -797,3 +797,41 @@ async def test_registration_errors(client: awa.AsyncClient) -> None:
         client.on_event(Work, Recorder())
     with pytest.raises(awa.AwaError, match="before start"):
         client.on_completed_enqueue(Work, lambda args, job: Other())
+
+
+async def test_started_only_for_attempts_whose_handler_runs(
+    client: awa.AsyncClient, conn: Conn
+) -> None:
+    """Started means the handler is about to run. Jobs claimed into the prefetch buffer and
+    given back at shutdown never ran: they get no Started (and when claimed again, one
+    Started for the attempt that does run)."""
+    recorder = Recorder()
+    client.on_event(Work, recorder)
+    gate = asyncio.Event()
+    ran: list[int] = []
+
+    @client.task(Work)
+    async def handle(job: awa.Job[Work]) -> None:
+        ran.append(job.id)
+        if job.args.value == 1:
+            await gate.wait()
+
+    warm = await client.insert_many([Work() for _ in range(5)])  # quick jobs enable prefetch
+    await start(client, queue(max_workers=1, prefetch=4))
+    await wait_for_all(conn, "completed", len(warm))
+    blocked = await client.insert_many([Work(value=1) for _ in range(5)])
+    await wait_for(lambda: len(ran) == len(warm) + 1)
+    runtime = client.runtime
+    assert runtime is not None
+    await wait_for(lambda: runtime.stats()["default"]["buffered"] > 0)
+    shutdown = asyncio.create_task(client.shutdown(timeout=5))
+
+    def released() -> bool:
+        return any(row(conn, job.id)["state"] == "available" for job in blocked)
+
+    await wait_for(released)  # shutdown gave the buffered jobs back
+    gate.set()
+    await shutdown
+    await hooks_idle(client)
+    started = {event.job.id for event in recorder.of(awa.Started)}
+    assert started == set(ran), f"Started for jobs that never ran: {started - set(ran)}"

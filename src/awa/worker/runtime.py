@@ -233,18 +233,18 @@ class Runtime:
                 rows = await cursor.fetchall()
         jobs = [Job.from_claim(row, self) for row in rows]
         jobs.sort(key=lambda job: (job.priority, job._run_at, job.id))
-        hooks = self._hooks
         for job in jobs:
             self.inflight.add(job)
-            # Started goes out before the handler runs, without waiting for its hooks.
-            if hooks.wants(job.kind) and job.kind in self.registry:
-                hooks.dispatch(Started(job.snapshot(), job.raw_args))
         if jobs:
             metrics.claimed.add(len(jobs), {metrics.QUEUE: queue.name})
         return jobs
 
     async def _execute(self, job: Job[Any], queue: QueueConfig) -> None:
         task = self.registry.get(job.kind)
+        # Started goes out as the handler starts (not at claim: a prefetched job may be given
+        # back unstarted at shutdown), without waiting for its hooks.
+        if task is not None and not job.is_cancelled() and self._hooks.wants(job.kind):
+            self._hooks.dispatch(Started(job.snapshot(), job.raw_args))
         outcome = await run_attempt(job, task, self.threads, shutting_down=self._interrupting)
         try:
             await self._finalize(job, outcome, queue)
