@@ -353,6 +353,59 @@ async def test_retry_after_with_attempts_left_passes_an_empty_error(
     assert follow_ups(conn) == []
 
 
+@pytest.mark.parametrize("outcome", ["completed", "cancelled", "retried", "exhausted"])
+async def test_with_variant_of_each_outcome_inserts_its_request(
+    client: awa.AsyncClient, conn: Conn, outcome: str
+) -> None:
+    """Every outcome's _with variant: the closure gets the outcome's values after
+    (args, job) and its EnqueueRequest is inserted with the request's options."""
+    received: list[tuple[Any, ...]] = []
+
+    def spec(args: Signup, job: awa.JobRow, *values: Any) -> awa.EnqueueRequest[WelcomeEmail]:
+        received.append((args, job.id, job.state, *values))
+        return awa.EnqueueRequest(welcome(args, job)).queue(f"after_{outcome}").priority(4)
+
+    getattr(client, f"on_{outcome}_enqueue_with")(Signup, spec)
+    state = {
+        "completed": "completed",
+        "cancelled": "cancelled",
+        "retried": "retryable",
+        "exhausted": "failed",
+    }[outcome]
+
+    @client.task(Signup, queue=TRIGGERS)
+    async def handle(job: awa.Job[Signup]) -> awa.Cancel | None:
+        if outcome == "cancelled":
+            return awa.Cancel("bye")
+        if outcome == "retried":
+            raise RuntimeError("again")
+        if outcome == "exhausted":
+            raise awa.TerminalError("never")
+        return None
+
+    trigger = await insert_trigger(client, max_attempts=3)
+    await start(client, trigger_queue())
+    db = await wait_for_state(conn, trigger.id, state)
+    [follow_up] = await wait_follow_ups(conn, 1)
+    assert follow_up["queue"] == f"after_{outcome}"
+    assert follow_up["priority"] == 4
+    assert follow_up["args"] == {"user_id": 42, "triggered_by_job_id": trigger.id}
+    [(args, job_id, job_state, *values)] = received
+    assert (args, job_id, job_state) == (Signup(42), trigger.id, awa.JobState(state))
+    if outcome == "cancelled":
+        assert values == ["bye"]
+    elif outcome == "retried":
+        error, attempt, next_run_at = values
+        assert error.startswith("RuntimeError: again")
+        assert (attempt, next_run_at) == (1, db["run_at"])
+    elif outcome == "exhausted":
+        error, attempt = values
+        assert error.startswith("awa.errors.TerminalError: never")
+        assert attempt == 1
+    else:
+        assert values == []
+
+
 # §8.3 conditional follow-ups ---------------------------------------------------------------
 
 
