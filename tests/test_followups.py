@@ -915,3 +915,28 @@ async def test_per_job_completions_count_as_completed_by_the_runtime(
     runtime = client.runtime
     assert runtime is not None
     await wait_for(lambda: runtime.completed == 5, message=lambda: f"{runtime.completed}")
+
+
+def test_counters_route_to_a_meter_provider_set_after_import() -> None:
+    """awa.metrics creates its instruments at import, through the OpenTelemetry API's
+    global proxy; an SDK provider installed afterwards still receives them (checked in a
+    fresh interpreter, where nothing has installed a provider yet)."""
+    import subprocess
+    import sys
+
+    program = (
+        "import awa.metrics as m\n"
+        "from opentelemetry import metrics\n"
+        "from opentelemetry.sdk.metrics import MeterProvider\n"
+        "from opentelemetry.sdk.metrics.export import InMemoryMetricReader\n"
+        "reader = InMemoryMetricReader()\n"
+        "metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))\n"
+        "m.follow_up_failures.add(1, {'awa.job.kind': 'k'})\n"
+        "data = reader.get_metrics_data()\n"
+        "print([(x.name, [p.value for p in x.data.data_points]) for r in data.resource_metrics"
+        " for s in r.scope_metrics for x in s.metrics])\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert result.stdout.strip() == "[('awa.job.follow_up_failures', [1])]"
