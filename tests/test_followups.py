@@ -16,6 +16,8 @@ import asyncio
 import dataclasses
 import datetime as dt
 import logging
+import subprocess
+import sys
 import threading
 from typing import Any
 
@@ -921,9 +923,6 @@ def test_counters_route_to_a_meter_provider_set_after_import() -> None:
     """awa.metrics creates its instruments at import, through the OpenTelemetry API's
     global proxy; an SDK provider installed afterwards still receives them (checked in a
     fresh interpreter, where nothing has installed a provider yet)."""
-    import subprocess
-    import sys
-
     program = (
         "import awa.metrics as m\n"
         "from opentelemetry import metrics\n"
