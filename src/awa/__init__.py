@@ -5,10 +5,12 @@ Jobs are rows in Postgres, inserted inside your own transaction and run by async
 
 from awa import admin, bridge
 from awa.admin import QueueStats
+from awa.callbacks import ResolveResult
 from awa.client import AsyncClient, Client
 from awa.errors import (
     AwaError,
     CallbackNotFound,
+    CallbackWaitError,
     DatabaseError,
     SchemaNotMigrated,
     TerminalError,
@@ -36,7 +38,7 @@ from awa.model import (
     JobState,
     UniqueOpts,
 )
-from awa.outcomes import Cancel, RetryAfter, Snooze
+from awa.outcomes import CallbackToken, Cancel, RetryAfter, Snooze, WaitForCallback
 from awa.transaction import SyncTransaction, Transaction
 from awa.worker.config import QueueConfig, RetryPolicy, RuntimeConfig
 
@@ -46,6 +48,8 @@ __all__ = [
     "AsyncClient",
     "AwaError",
     "CallbackNotFound",
+    "CallbackToken",
+    "CallbackWaitError",
     "Cancel",
     "Cancelled",
     "Client",
@@ -63,6 +67,7 @@ __all__ = [
     "QueueStats",
     "RescueReason",
     "Rescued",
+    "ResolveResult",
     "Retried",
     "RetryAfter",
     "RetryPolicy",
@@ -76,6 +81,7 @@ __all__ = [
     "UniqueConflict",
     "UniqueOpts",
     "ValidationError",
+    "WaitForCallback",
     "WaitingForCallback",
     "__version__",
     "admin",

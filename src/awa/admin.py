@@ -16,6 +16,14 @@ import dataclasses
 import datetime as dt
 from typing import Any
 
+from awa.callbacks import (
+    complete_external,
+    fail_external,
+    heartbeat_callback,
+    resolve_callback,
+    resume_external,
+    retry_external,
+)
 from awa.db import Statement, operation
 from awa.errors import ValidationError
 from awa.insert import unique_key
@@ -27,14 +35,20 @@ __all__ = [
     "QueueStats",
     "cancel",
     "cancel_by_unique_key",
+    "complete_external",
     "discard_failed",
     "drain_queue",
+    "fail_external",
     "get_job",
+    "heartbeat_callback",
     "list_jobs",
     "pause_queue",
     "queue_stats",
+    "resolve_callback",
+    "resume_external",
     "resume_queue",
     "retry",
+    "retry_external",
     "retry_failed",
 ]
 

@@ -37,6 +37,7 @@ from awa.insert import InsertKwargs, copy_flow, prepare_job, prepare_many, split
 from awa.lifecycle import LifecycleRegistration
 from awa.migrations import migrate_async, migrate_sync
 from awa.model import JobRow, JobState
+from awa.resolution import CallbackResolution
 from awa.transaction import (
     SyncTransaction,
     Transaction,
@@ -52,7 +53,7 @@ H = TypeVar("H", bound=Callable[..., Any])
 QueuesSpec = Iterable[Any] | Mapping[str, int | Mapping[str, Any]] | None
 
 
-class AsyncClient(LifecycleRegistration):
+class AsyncClient(LifecycleRegistration, CallbackResolution):
     """The asyncio client: inserts, transactions, admin, and (once handlers are registered)
     the worker runtime.
 

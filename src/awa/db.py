@@ -229,7 +229,7 @@ class Operation(Generic[P, R]):
     returns the result.
     """
 
-    def __init__(self, build: Callable[P, Statement[R]]) -> None:
+    def __init__(self, build: Callable[P, Statement[R] | Flow[R]]) -> None:
         self.build = build
         self.__doc__ = build.__doc__
         self.__name__ = build.__name__
@@ -251,17 +251,28 @@ class Operation(Generic[P, R]):
         *args: P.args,
         **kwargs: P.kwargs,
     ) -> Coroutine[Any, Any, R] | R:
-        statement = self.build(*args, **kwargs)
+        step = self.build(*args, **kwargs)
         if isinstance(conn, psycopg.AsyncConnection):
-            return run_async(conn, statement)
+            if isinstance(step, Statement):
+                return run_async(conn, step)
+            return _drive_atomically_async(conn, step)
         if isinstance(conn, psycopg.Connection):
-            return run_sync(conn, statement)
+            if isinstance(step, Statement):
+                return run_sync(conn, step)
+            with conn.transaction():
+                return drive_sync(conn, step)
         raise TypeError(
             f"{self.__name__}() needs a psycopg Connection or AsyncConnection, "
             f"not {type(conn).__name__}"
         )
 
 
-def operation(build: Callable[P, Statement[R]]) -> Operation[P, R]:
-    """Decorator: turn a statement builder into an Operation."""
+def operation(build: Callable[P, Statement[R] | Flow[R]]) -> Operation[P, R]:
+    """Decorator: turn a builder of a statement, or of a multi-statement flow (run in a
+    transaction, or a savepoint of the caller's), into an Operation."""
     return Operation(build)
+
+
+async def _drive_atomically_async(conn: psycopg.AsyncConnection[Any], flow: Flow[R]) -> R:
+    async with conn.transaction():
+        return await drive_async(conn, flow)

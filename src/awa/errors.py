@@ -41,3 +41,8 @@ class TerminalError(AwaError):
 
 class CallbackNotFound(AwaError):
     """No parked or running job holds this callback id (resolved, stale or unknown)."""
+
+
+class CallbackWaitError(AwaError):
+    """``job.wait_for_callback()`` cannot return a payload: the token is stale, or the job
+    was cancelled, rescued or resolved some other way while it waited."""

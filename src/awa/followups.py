@@ -19,7 +19,10 @@ from collections.abc import Callable, Sequence
 from enum import StrEnum
 from typing import Any
 
-from awa.db import Flow
+import psycopg
+
+from awa import metrics
+from awa.db import Flow, drive_async
 from awa.events import RescueReason
 from awa.insert import PreparedJob, SkippingInsert, insert_skipping_duplicates_flow, prepare_job
 from awa.kinds import decode_args
@@ -155,6 +158,30 @@ async def prepare_follow_ups(
         except Exception as error:
             raise FollowUpError(f"{spec.name}: invalid follow-up: {error}") from error
     return prepared
+
+
+async def insert_follow_ups(
+    conn: psycopg.AsyncConnection[Any],
+    specs: Sequence[FollowUpSpec],
+    job: JobRow,
+    context: TriggerContext,
+) -> SkippingInsert:
+    """Run the specs for a committed-to-be transition and insert their follow-ups on
+    ``conn`` (inside the transition's transaction). Closures see the row without its
+    output: a job must not read another job's output."""
+    trigger_row = dataclasses.replace(job, output=None) if job.output is not None else job
+    prepared = await prepare_follow_ups(specs, trigger_row, context)
+    result = await drive_async(conn, follow_up_flow(prepared))
+    attributes = {metrics.KIND: job.kind, "awa.follow_up.trigger": context.trigger.value}
+    if result.inserted:
+        metrics.follow_ups_committed.add(
+            len(result.inserted), {**attributes, "awa.follow_up.result": "inserted"}
+        )
+    if result.duplicates:
+        metrics.follow_ups_committed.add(
+            len(result.duplicates), {**attributes, "awa.follow_up.result": "duplicate"}
+        )
+    return result
 
 
 def follow_up_flow(jobs: Sequence[PreparedJob]) -> Flow[SkippingInsert]:

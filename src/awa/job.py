@@ -8,8 +8,9 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from awa.errors import ValidationError
+from awa.errors import CallbackWaitError, ValidationError
 from awa.model import JobRow, JobState
+from awa.outcomes import CallbackToken
 
 if TYPE_CHECKING:
     from awa.worker.attempts import AttemptServices
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
 A = TypeVar("A")
 
 
+CALLBACK_RESULT_KEY = "_awa_callback_result"
 _NO_REST: tuple[Any, ...] = (None,) * 10
 
 
@@ -293,6 +295,62 @@ class Job(Generic[A]):
         # consistent snapshot without a lock.
         self._progress = progress
         self._progress_version += 1
+
+    async def register_callback(
+        self,
+        timeout_seconds: float = 3600.0,
+        filter: str | None = None,
+        on_complete: str | None = None,
+        on_fail: str | None = None,
+        transform: str | None = None,
+    ) -> CallbackToken:
+        """Register a callback for an outside system to answer; returns its token, already
+        stored in the database (send ``token.id`` out only after this returns).
+
+        Then return ``awa.WaitForCallback(token)`` to park the job, or
+        ``await job.wait_for_callback(token)`` to wait here. Registering again replaces the
+        earlier callback. The optional CEL expressions over ``payload`` drive
+        ``resolve_callback``; they are checked now, so a bad one raises ValidationError.
+        """
+        from awa import callbacks
+
+        services = self._require_services("register_callback")
+        token = callbacks.new_token()
+        expressions = {
+            "filter": filter,
+            "on_complete": on_complete,
+            "on_fail": on_fail,
+            "transform": transform,
+        }
+        statement = callbacks.register_statement(
+            self.id, self.run_lease, token, timeout_seconds, expressions
+        )
+        if not await services.execute(statement):
+            raise CallbackWaitError(
+                f"job {self.id} is no longer running this attempt; cannot register a callback"
+            )
+        return token
+
+    async def wait_for_callback(self, token: CallbackToken) -> Any:
+        """Wait, keeping this handler's slot, until ``resume_external(token.id, payload)``;
+        returns the payload. Raises CallbackWaitError when the token is stale or the job is
+        cancelled, rescued or resolved otherwise meanwhile. Can be repeated with new tokens.
+        """
+        from awa import callbacks
+
+        services = self._require_services("wait_for_callback")
+        return await callbacks.wait_for_callback(services, self, token)
+
+    @property
+    def callback_result(self) -> Any:
+        """The payload ``resume_external`` handed to a job parked by WaitForCallback (it
+        runs again with it); None when there is none."""
+        return self.metadata.get(CALLBACK_RESULT_KEY)
+
+    def _require_services(self, name: str) -> AttemptServices:
+        if self._services is None:
+            raise RuntimeError(f"{name}() is only available while the job runs")
+        return self._services
 
     async def flush_progress(self) -> None:
         """Write pending progress now (a no-op once the attempt is no longer running)."""

@@ -363,6 +363,7 @@ class JobRow:
     callback_transform: str | None
     progress: dict[str, Any] | None
     output: Any
+    callback_in_handler: bool = False
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> JobRow:

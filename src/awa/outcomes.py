@@ -62,4 +62,30 @@ class Cancel:
     reason: str = "cancelled by handler"
 
 
-OUTCOME_TYPES: tuple[type, ...] = (RetryAfter, Snooze, Cancel)
+@dataclasses.dataclass(frozen=True, slots=True)
+class CallbackToken:
+    """A callback registered by ``await job.register_callback()``; send ``id`` to the system
+    that will answer."""
+
+    id: str
+
+    def __str__(self) -> str:
+        return self.id
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WaitForCallback:
+    """Park the job until an outside system resolves the callback (``complete_external``,
+    ``fail_external``, ``retry_external``, ``resolve_callback`` or ``resume_external``), or
+    its timeout passes. The slot is released while it waits."""
+
+    token: CallbackToken
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.token, CallbackToken):
+            raise TypeError(
+                "WaitForCallback takes the CallbackToken returned by job.register_callback()"
+            )
+
+
+OUTCOME_TYPES: tuple[type, ...] = (RetryAfter, Snooze, Cancel, WaitForCallback)

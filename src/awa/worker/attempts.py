@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
+from awa.db import Statement
 from awa.job import Job
+
+R = TypeVar("R")
 
 
 class AttemptServices(Protocol):
@@ -15,6 +18,14 @@ class AttemptServices(Protocol):
     def loop(self) -> asyncio.AbstractEventLoop: ...
 
     async def flush_progress(self, job: Job[Any]) -> None: ...
+
+    async def execute(self, statement: Statement[R]) -> R:
+        """Run one statement on a pooled connection."""
+        ...
+
+    async def wait_signal(self, job_id: int, timeout: float) -> None:
+        """Sleep until the job's callback is resumed or it is cancelled (or ``timeout``)."""
+        ...
 
 
 class InFlight:

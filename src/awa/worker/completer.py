@@ -27,6 +27,7 @@ from awa.worker.results import (
     Fail,
     Interrupted,
     Outcome,
+    Park,
     Retry,
     Snoozed,
 )
@@ -80,6 +81,9 @@ def outcome_statement(
         case Interrupted(error=error):
             params = {**guard, "error": error, "progress": progress}
             return Statement(query("requeue_interrupted"), params, _row)
+        case Park(callback_id=callback_id):
+            params = {**guard, "callback_id": callback_id, "progress": progress}
+            return Statement(query("park_job_attempt"), params, _row)
     raise AssertionError(f"unknown outcome {outcome!r}")
 
 

@@ -10,7 +10,7 @@ from typing import Any
 from awa.errors import TerminalError
 from awa.job import Job
 from awa.kinds import decode_args
-from awa.outcomes import OUTCOME_TYPES, Cancel, RetryAfter, Snooze
+from awa.outcomes import OUTCOME_TYPES, Cancel, RetryAfter, Snooze, WaitForCallback
 from awa.worker.registry import Task
 from awa.worker.results import (
     Cancelled,
@@ -18,6 +18,7 @@ from awa.worker.results import (
     Fail,
     Interrupted,
     Outcome,
+    Park,
     Retry,
     Snoozed,
     format_error,
@@ -51,6 +52,8 @@ def classify(result: object, job: Job[Any], duration: float) -> Outcome:
         return Snoozed(result.seconds)
     if isinstance(result, Cancel):
         return Cancelled(storable_text(str(result.reason)))
+    if isinstance(result, WaitForCallback):
+        return Park(result.token.id)
     raise AssertionError(f"unhandled outcome type {type(result).__name__}")
 
 

@@ -12,28 +12,19 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
-from collections.abc import Sequence
 from typing import Any
 
 import psycopg
 
-from awa import metrics
-from awa.db import Statement, drive_async, run_async
+from awa.db import Flow, Statement, drive_async, run_async
 from awa.errors import UniqueConflict
-from awa.events import Cancelled, Completed, Exhausted, JobEvent, Retried
-from awa.followups import (
-    FollowUpRegistry,
-    FollowUpSpec,
-    Trigger,
-    TriggerContext,
-    follow_up_flow,
-    prepare_follow_ups,
-)
+from awa.events import Cancelled, Completed, Exhausted, JobEvent, Retried, WaitingForCallback
+from awa.followups import FollowUpRegistry, Trigger, TriggerContext, insert_follow_ups
 from awa.job import Job
 from awa.model import JobRow, JobState
 from awa.sql import query
 from awa.worker import results
-from awa.worker.completer import outcome_statement
+from awa.worker.completer import outcome_statement, progress_param
 from awa.worker.config import RetryPolicy
 
 log = logging.getLogger("awa.worker")
@@ -45,18 +36,52 @@ class _OutcomeCollision(Exception):
     """The transition would put the job into its unique mask while another job holds it."""
 
 
-def trigger_for(job: Job[Any], outcome: results.Outcome) -> Trigger | None:
-    """Which follow-ups an outcome fires (decided as the SQL decides exhaustion)."""
+def possible_triggers(job: Job[Any], outcome: results.Outcome) -> tuple[Trigger, ...]:
+    """The follow-up triggers an outcome may fire (which one depends on the committed row)."""
+    match outcome:
+        case results.Completed():
+            return (Trigger.COMPLETED,)
+        case results.Retry():
+            return (Trigger.EXHAUSTED if job.attempt >= job.max_attempts else Trigger.RETRIED,)
+        case results.Fail():
+            return (Trigger.EXHAUSTED,)
+        case results.Cancelled():
+            return (Trigger.CANCELLED,)
+        case results.Park():
+            return (Trigger.WAITING_FOR_CALLBACK, Trigger.EXHAUSTED)
+    return ()
+
+
+def trigger_of(outcome: results.Outcome, row: JobRow) -> Trigger | None:
+    """The trigger a committed transition fires, decided by the row it produced."""
+    state = row.state
     match outcome:
         case results.Completed():
             return Trigger.COMPLETED
         case results.Retry():
-            return Trigger.EXHAUSTED if job.attempt >= job.max_attempts else Trigger.RETRIED
+            return Trigger.EXHAUSTED if state is JobState.FAILED else Trigger.RETRIED
         case results.Fail():
             return Trigger.EXHAUSTED
         case results.Cancelled():
             return Trigger.CANCELLED
+        case results.Park():
+            if state is JobState.WAITING_EXTERNAL:
+                return Trigger.WAITING_FOR_CALLBACK
+            return Trigger.EXHAUSTED if state is JobState.FAILED else None
     return None
+
+
+def transition_flow(
+    job: Job[Any], outcome: results.Outcome, retry: RetryPolicy
+) -> Flow[JobRow | None]:
+    """The guarded statement(s) that commit ``outcome``; the new row, or None if stale.
+
+    Returning WaitForCallback with a token the attempt does not hold fails the job."""
+    row: JobRow | None = yield outcome_statement(job, outcome, retry)
+    if row is None and isinstance(outcome, results.Park):
+        params = {"id": job.id, "lease": job.run_lease, "progress": progress_param(job)}
+        row = yield Statement(query("fail_unregistered_wait"), params, _row)
+    return row
 
 
 def trigger_context(trigger: Trigger, row: JobRow, outcome: results.Outcome) -> TriggerContext:
@@ -93,6 +118,8 @@ def event_for(
             return Exhausted(row, args, context.error or "", row.attempt)
         case Trigger.CANCELLED if context is not None:
             return Cancelled(row, args, str(context.reason or ""))
+        case Trigger.WAITING_FOR_CALLBACK:
+            return WaitingForCallback(row, args)
     return None
 
 
@@ -109,8 +136,9 @@ class Finalizer:
         self._follow_ups = follow_ups
 
     def needs_own_transaction(self, job: Job[Any], outcome: results.Outcome) -> bool:
-        trigger = trigger_for(job, outcome)
-        return trigger is not None and self._follow_ups.has(trigger, job.kind)
+        return any(
+            self._follow_ups.has(trigger, job.kind) for trigger in possible_triggers(job, outcome)
+        )
 
     async def commit(
         self,
@@ -124,10 +152,8 @@ class Finalizer:
         Raises FollowUpError (or a database error) when a follow-up fails; nothing is
         committed then.
         """
-        trigger = trigger_for(job, outcome)
-        specs = self._follow_ups.specs(trigger, job.kind) if trigger is not None else []
         try:
-            row = await self._transition(conn, job, outcome, retry, trigger, specs)
+            row = await self._transition(conn, job, outcome, retry)
         except _OutcomeCollision:
             log.warning(
                 "job %s (%s): a newer job holds its unique key; cancelling this one",
@@ -143,7 +169,7 @@ class Finalizer:
         if row is None:
             return None
         duration = outcome.duration if isinstance(outcome, results.Completed) else 0.0
-        trigger = _actual_trigger(trigger, row)
+        trigger = trigger_of(outcome, row)
         context = trigger_context(trigger, row, outcome) if trigger is not None else None
         return Committed(row, event_for(trigger, row, context, duration))
 
@@ -153,43 +179,24 @@ class Finalizer:
         job: Job[Any],
         outcome: results.Outcome,
         retry: RetryPolicy,
-        trigger: Trigger | None,
-        specs: Sequence[FollowUpSpec],
     ) -> JobRow | None:
-        statement = outcome_statement(job, outcome, retry)
-        if not specs:
-            return await _guarded(conn, statement)
+        flow = transition_flow(job, outcome, retry)
+        if not self.needs_own_transaction(job, outcome):
+            return await _guarded(conn, flow)
         async with conn.transaction():
-            row = await _guarded(conn, statement)
+            row = await _guarded(conn, flow)
+            trigger = trigger_of(outcome, row) if row is not None else None
             if row is None or trigger is None:
                 return row
-            context = trigger_context(_actual_trigger(trigger, row) or trigger, row, outcome)
-            prepared = await prepare_follow_ups(specs, row, context)
-            result = await drive_async(conn, follow_up_flow(prepared))
-        attributes = {metrics.KIND: job.kind, "awa.follow_up.trigger": trigger.value}
-        if result.inserted:
-            metrics.follow_ups_committed.add(
-                len(result.inserted), {**attributes, "awa.follow_up.result": "inserted"}
-            )
-        if result.duplicates:
-            metrics.follow_ups_committed.add(
-                len(result.duplicates), {**attributes, "awa.follow_up.result": "duplicate"}
-            )
+            specs = self._follow_ups.specs(trigger, job.kind)
+            if specs:
+                await insert_follow_ups(conn, specs, row, trigger_context(trigger, row, outcome))
         return row
 
 
-def _actual_trigger(trigger: Trigger | None, row: JobRow) -> Trigger | None:
-    # A retry on the last attempt exhausts the job: the row's state is the final word.
-    if trigger is Trigger.RETRIED and row.state is JobState.FAILED:
-        return Trigger.EXHAUSTED
-    return trigger
-
-
-async def _guarded(
-    conn: psycopg.AsyncConnection[Any], statement: Statement[JobRow | None]
-) -> JobRow | None:
+async def _guarded(conn: psycopg.AsyncConnection[Any], flow: Flow[JobRow | None]) -> JobRow | None:
     try:
-        return await run_async(conn, statement)
+        return await drive_async(conn, flow)
     except UniqueConflict as error:
         raise _OutcomeCollision from error
 

@@ -24,6 +24,7 @@ log = logging.getLogger("awa.worker")
 
 JOBS_CHANNEL = "awa_jobs"
 CANCEL_CHANNEL = "awa_cancel"
+CALLBACKS_CHANNEL = "awa_callbacks"
 
 
 class Listener:
@@ -34,12 +35,14 @@ class Listener:
         application_name: str,
         on_jobs: Callable[[str], None],
         on_cancel: Callable[[int, int | None], None],
+        on_callback: Callable[[int], None],
         on_reconnect: Callable[[], None],
     ) -> None:
         self._url = url
         self._application_name = application_name
         self._on_jobs = on_jobs
         self._on_cancel = on_cancel
+        self._on_callback = on_callback
         self._on_reconnect = on_reconnect
         self._task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
@@ -93,6 +96,10 @@ class Listener:
     def _dispatch(self, channel: str, payload: str) -> None:
         if channel == JOBS_CHANNEL:
             self._on_jobs(payload)
+            return
+        if channel == CALLBACKS_CHANNEL:
+            if payload.isdigit():
+                self._on_callback(int(payload))
             return
         try:
             message: Any = json.loads(payload)

@@ -47,7 +47,14 @@ class Interrupted:
     error: str
 
 
-Outcome = Completed | Retry | Fail | Cancelled | Snoozed | Interrupted
+@dataclasses.dataclass(frozen=True, slots=True)
+class Park:
+    """The handler returned WaitForCallback with this callback id."""
+
+    callback_id: str
+
+
+Outcome = Completed | Retry | Fail | Cancelled | Snoozed | Interrupted | Park
 
 
 def storable_text(text: str) -> str:

@@ -7,7 +7,7 @@ import asyncio
 import datetime as dt
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from psycopg.rows import tuple_row
 
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from awa.client import AsyncClient
 
 log = logging.getLogger("awa.worker")
+R = TypeVar("R")
 
 # After the shutdown timeout, handlers see is_cancelled() and get this long to return
 # before they are interrupted and their jobs requeued.
@@ -61,6 +62,7 @@ class Runtime:
         self.config = config
         self.queues = queues
         self.inflight = InFlight()
+        self._callback_waiters: dict[int, asyncio.Event] = {}
         self._interrupting = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         sync_slots = sum(
@@ -114,6 +116,24 @@ class Runtime:
         async with self._client.connection() as conn:
             await run_async(conn, statement)
 
+    async def execute(self, statement: Statement[R]) -> R:
+        async with self._client.connection() as conn:
+            return await run_async(conn, statement)
+
+    async def wait_signal(self, job_id: int, timeout: float) -> None:
+        event = self._callback_waiters.setdefault(job_id, asyncio.Event())
+        try:
+            await asyncio.wait_for(event.wait(), timeout)
+        except TimeoutError:
+            pass
+        finally:
+            self._callback_waiters.pop(job_id, None)
+
+    def _wake_callback_waiter(self, job_id: int) -> None:
+        event = self._callback_waiters.get(job_id)
+        if event is not None:
+            event.set()
+
     # Lifecycle ----------------------------------------------------------------------------
 
     @property
@@ -128,6 +148,7 @@ class Runtime:
             application_name=self._application_name,
             on_jobs=self.wake,
             on_cancel=self._cancel_attempt,
+            on_callback=self._wake_callback_waiter,
             on_reconnect=self._wake_all,
         )
         await self._listener.start()
@@ -215,6 +236,7 @@ class Runtime:
     def _cancel_attempt(self, job_id: int, run_lease: int | None) -> None:
         if self.inflight.cancel(job_id, run_lease):
             log.info("job %s was cancelled while running; is_cancelled() is now true", job_id)
+            self._wake_callback_waiter(job_id)
 
     # Claim, execute, finalize ------------------------------------------------------------
 

@@ -70,6 +70,10 @@ CREATE TABLE awa.jobs (
     callback_on_complete text,
     callback_on_fail text,
     callback_transform text,
+    -- True while the attempt's handler itself waits (job.wait_for_callback): a resume then
+    -- hands the payload to that handler. False for a job parked by returning
+    -- WaitForCallback: a resume makes it run again.
+    callback_in_handler boolean NOT NULL DEFAULT false,
     progress jsonb,
     output jsonb,
     CONSTRAINT jobs_kind_length CHECK (length(kind) BETWEEN 1 AND 200),

@@ -194,4 +194,5 @@ RETURNING id
 
 -- name: listen_channels
 LISTEN awa_jobs;
-LISTEN awa_cancel
+LISTEN awa_cancel;
+LISTEN awa_callbacks
