@@ -151,6 +151,14 @@ class RuntimeConfig:
     completion_batch_size: int = 512
     completion_linger: float = 0.002
     sync_handler_threads: int | None = None
+    heartbeat_rescue_interval: float = 10.0
+    deadline_rescue_interval: float = 10.0
+    callback_rescue_interval: float = 10.0
+    rescue_batch_size: int = 500
+    completed_retention: float = 86400.0
+    failed_retention: float = 7 * 86400.0
+    cleanup_interval: float = 30.0
+    cleanup_batch_size: int = 5000
 
     def __post_init__(self) -> None:
         for field in (
@@ -159,6 +167,12 @@ class RuntimeConfig:
             "promote_interval",
             "leader_election_interval",
             "leader_check_interval",
+            "heartbeat_rescue_interval",
+            "deadline_rescue_interval",
+            "callback_rescue_interval",
+            "completed_retention",
+            "failed_retention",
+            "cleanup_interval",
         ):
             object.__setattr__(self, field, _positive_seconds(getattr(self, field), field))
         object.__setattr__(
@@ -167,6 +181,8 @@ class RuntimeConfig:
             _positive_seconds(self.completion_linger, "completion_linger", allow_zero=True),
         )
         _positive_int(self.promote_batch_size, "promote_batch_size")
+        _positive_int(self.rescue_batch_size, "rescue_batch_size")
+        _positive_int(self.cleanup_batch_size, "cleanup_batch_size")
         _positive_int(self.completion_batch_size, "completion_batch_size")
         if self.sync_handler_threads is not None:
             _positive_int(self.sync_handler_threads, "sync_handler_threads")

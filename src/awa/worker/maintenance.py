@@ -100,7 +100,7 @@ class Maintenance:
                 now = time.monotonic()
                 for duty in self._duties:
                     if duty.next_at <= now:
-                        await duty.run(conn)
+                        await self._run_duty(duty, conn)
                         duty.next_at = time.monotonic() + duty.interval
                 if now - last_check >= self._check_interval:
                     await conn.execute(query("leader_check"))
@@ -112,6 +112,18 @@ class Maintenance:
             with contextlib.suppress(psycopg.Error):
                 await asyncio.shield(conn.execute(query("leader_unlock")))
             raise
+
+    async def _run_duty(self, duty: Duty, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Run one duty; a failing statement is logged and the duty tried again at its next
+        tick, while a lost connection ends this term as leader."""
+        try:
+            await duty.run(conn)
+        except psycopg.OperationalError:
+            raise
+        except psycopg.Error:
+            if conn.closed:
+                raise
+            log.exception("maintenance duty %s failed; it runs again next tick", duty.name)
 
 
 def promotion_duty(interval: float, batch_size: int) -> Duty:

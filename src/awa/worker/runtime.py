@@ -14,8 +14,14 @@ from psycopg.rows import tuple_row
 from awa import events, metrics
 from awa.db import Statement, run_async, translate_errors
 from awa.errors import AwaError, DatabaseError
-from awa.events import Started
-from awa.followups import FollowUpError, FollowUpRegistry
+from awa.events import RescueReason, Started
+from awa.followups import (
+    FollowUpError,
+    FollowUpRegistry,
+    Trigger,
+    TriggerContext,
+    insert_follow_ups,
+)
 from awa.hooks import HookDispatcher
 from awa.job import Job
 from awa.model import JobRow, JobState
@@ -29,8 +35,9 @@ from awa.worker.executor import run_attempt
 from awa.worker.finalizer import Committed, Finalizer
 from awa.worker.heartbeat import Heartbeat
 from awa.worker.listener import Listener
-from awa.worker.maintenance import Maintenance, promotion_duty
+from awa.worker.maintenance import Duty, Maintenance, promotion_duty
 from awa.worker.registry import TaskRegistry
+from awa.worker.rescue import SWEEPS, Rescue, rescue_duty, retention_duty
 from awa.worker.results import Outcome
 
 if TYPE_CHECKING:
@@ -58,6 +65,7 @@ class Runtime:
         self._client = client
         self._hooks = hooks
         self._finalizer = Finalizer(follow_ups)
+        self._follow_ups = follow_ups
         self.registry = registry
         self.config = config
         self.queues = queues
@@ -164,12 +172,67 @@ class Runtime:
             application_name=self._application_name,
             election_interval=self.config.leader_election_interval,
             check_interval=self.config.leader_check_interval,
-            duties=[promotion_duty(self.config.promote_interval, self.config.promote_batch_size)],
+            duties=self._maintenance_duties(),
         )
         self._maintenance.start()
         for dispatcher in self._dispatchers.values():
             dispatcher.start()
         log.info("worker started on queues %s", ", ".join(self._dispatchers))
+
+    def _maintenance_duties(self) -> list[Duty]:
+        config = self.config
+        intervals = {
+            RescueReason.STALE_HEARTBEAT: config.heartbeat_rescue_interval,
+            RescueReason.DEADLINE_EXCEEDED: config.deadline_rescue_interval,
+            RescueReason.EXPIRED_CALLBACK: config.callback_rescue_interval,
+        }
+        return [
+            promotion_duty(config.promote_interval, config.promote_batch_size),
+            *(
+                rescue_duty(
+                    SWEEPS[reason],
+                    interval=interval,
+                    staleness=config.heartbeat_staleness,
+                    limit=config.rescue_batch_size,
+                    on_rescued=self._rescued,
+                )
+                for reason, interval in intervals.items()
+            ),
+            retention_duty(
+                interval=config.cleanup_interval,
+                completed=config.completed_retention,
+                failed=config.failed_retention,
+                batch_size=config.cleanup_batch_size,
+            ),
+        ]
+
+    async def _rescued(self, rescued: list[Rescue]) -> None:
+        """After a rescue commits: tell handlers still running here, then run the Rescued
+        follow-ups (each job in its own transaction, best-effort) and hooks."""
+        for item in rescued:
+            row = item.row
+            if item.reason is not RescueReason.EXPIRED_CALLBACK:
+                self._cancel_attempt(row.id, row.run_lease)
+            if item.duplicate:
+                reason = str(row.errors[-1]["error"]) if row.errors else "rescued as duplicate"
+                self._hooks.dispatch(events.Cancelled(row, row.args, reason))
+                continue
+            specs = self._follow_ups.specs(Trigger.RESCUED, row.kind)
+            if specs:
+                context = TriggerContext(Trigger.RESCUED, reason=item.reason)
+                try:
+                    async with self._client.connection() as conn, conn.transaction():
+                        await insert_follow_ups(conn, specs, row, context)
+                except Exception as error:
+                    metrics.follow_up_failures.add(1, {metrics.KIND: row.kind})
+                    log.error(
+                        "job %s (kind %s) was rescued, but its Rescued follow-ups failed "
+                        "(the rescue stands): %s",
+                        row.id,
+                        row.kind,
+                        error,
+                    )
+            self._hooks.dispatch(events.Rescued(row, row.args, item.reason))
 
     async def shutdown(self, timeout: float) -> None:
         """Stop claiming, let handlers finish (up to ``timeout``), then signal cancellation,

@@ -87,6 +87,15 @@ CREATE TABLE awa.jobs (
     CONSTRAINT jobs_unique_key_length CHECK (unique_key IS NULL OR length(unique_key) = 16)
 );
 
+-- Every job state change rewrites a row, so vacuum this table early and often rather than
+-- after the default 20 % of it is dead; fillfactor leaves room for HOT heartbeat updates.
+ALTER TABLE awa.jobs SET (
+    fillfactor = 90,
+    autovacuum_vacuum_scale_factor = 0.02,
+    autovacuum_vacuum_insert_scale_factor = 0.05,
+    autovacuum_analyze_scale_factor = 0.02
+);
+
 -- Claim path: due jobs of one queue in priority, then run_at, then id order.
 CREATE INDEX jobs_available_idx ON awa.jobs (queue, priority, run_at, id)
     WHERE state = 'available';

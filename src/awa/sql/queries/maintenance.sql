@@ -54,3 +54,94 @@ SET state = 'cancelled', finalized_at = now(),
         'attempt', attempt, 'at', now()))
 WHERE id = %(id)s AND state IN ('scheduled', 'retryable')
 RETURNING id
+
+-- name: rescue_candidates_stale_heartbeat
+-- Running attempts whose process stopped heartbeating: presumed dead.
+SELECT id FROM awa.jobs
+WHERE state = 'running' AND heartbeat_at < now() - make_interval(secs => %(staleness)s)
+
+-- name: rescue_candidates_deadline_exceeded
+SELECT id FROM awa.jobs
+WHERE state = 'running' AND deadline_at < now()
+
+-- name: rescue_candidates_expired_callback
+SELECT id FROM awa.jobs
+WHERE state = 'waiting_external' AND callback_timeout_at < now()
+
+-- name: rescue_jobs
+-- Rescue counts the attempt: the job retries with backoff while attempts remain and fails
+-- on its last one, so a job that always hangs or always kills its worker cannot loop
+-- forever. The candidates placeholder takes one of the rescue_candidates_* queries; the
+-- outer WHERE repeats the state check because a candidate may have changed before it was
+-- locked.
+WITH rescued AS (
+    SELECT id FROM ({candidates}) AS c
+    ORDER BY id
+    LIMIT %(limit)s
+), locked AS (
+    SELECT j.id FROM awa.jobs AS j JOIN rescued USING (id)
+    WHERE j.state = %(state)s
+    ORDER BY j.id
+    FOR UPDATE OF j SKIP LOCKED
+)
+UPDATE awa.jobs AS j
+SET state = (CASE WHEN j.attempt >= j.max_attempts THEN 'failed' ELSE 'retryable' END)
+        ::awa.job_state,
+    run_at = CASE WHEN j.attempt >= j.max_attempts THEN j.run_at
+                  ELSE now() + awa.retry_delay(j.attempt, 2.0, 0.25, 86400.0) END,
+    finalized_at = now(),
+    heartbeat_at = NULL,
+    deadline_at = NULL,
+    callback_id = NULL, callback_timeout_at = NULL, callback_filter = NULL,
+    callback_on_complete = NULL, callback_on_fail = NULL, callback_transform = NULL,
+    callback_in_handler = false,
+    errors = j.errors || jsonb_build_array(jsonb_build_object(
+        'error', %(error)s::text, 'attempt', j.attempt, 'at', now(), 'rescued', %(reason)s::text))
+FROM locked
+WHERE j.id = locked.id
+RETURNING j.*
+
+-- name: rescue_candidate_ids
+-- The slow path after a unique-key collision: candidates one by one.
+SELECT id FROM ({candidates}) AS c ORDER BY id LIMIT %(limit)s
+
+-- name: cancel_rescued_duplicate
+-- A rescued job whose retry would collide with a newer job holding its unique key: the
+-- newer job wins and this one is cancelled, with the reason recorded.
+UPDATE awa.jobs
+SET state = 'cancelled', finalized_at = now(), heartbeat_at = NULL, deadline_at = NULL,
+    callback_id = NULL, callback_timeout_at = NULL, callback_filter = NULL,
+    callback_on_complete = NULL, callback_on_fail = NULL, callback_transform = NULL,
+    callback_in_handler = false,
+    errors = errors || jsonb_build_array(jsonb_build_object(
+        'error', 'rescued as duplicate: ' || %(error)s::text
+                 || ', and a newer job holds its unique key',
+        'attempt', attempt, 'at', now(), 'rescued', %(reason)s::text))
+WHERE id = %(id)s AND state = %(state)s
+RETURNING *
+
+-- name: delete_finished
+-- Retention: finished jobs older than their retention, oldest first, in bounded batches.
+-- Deleting a row frees its unique key.
+WITH doomed AS (
+    SELECT id FROM awa.jobs
+    WHERE (state = 'completed' AND finalized_at < now() - make_interval(secs => %(completed)s))
+       OR (state IN ('failed', 'cancelled')
+           AND finalized_at < now() - make_interval(secs => %(failed)s))
+    ORDER BY finalized_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), deleted AS (
+    DELETE FROM awa.jobs AS j USING doomed WHERE j.id = doomed.id RETURNING 1
+)
+SELECT count(*) AS deleted FROM deleted
+
+-- name: leader_holder
+-- Which backend holds the maintenance lock (the key split into its two 32-bit halves).
+SELECT a.pid, a.application_name, a.client_addr::text AS client_addr, a.backend_start
+FROM pg_locks AS l JOIN pg_stat_activity AS a USING (pid)
+WHERE l.locktype = 'advisory' AND l.granted
+  AND l.classid = (4708303813012965710 >> 32)::oid
+  AND l.objid = (4708303813012965710 & 4294967295)::oid
+  AND l.objsubid = 1
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())

@@ -1,0 +1,176 @@
+"""Maintenance duties of the leader: rescue of dead or stuck attempts, and retention.
+
+Three sweeps find attempts that will not finish by themselves: a stale heartbeat (the worker
+died), a passed deadline (the handler hangs) and an expired callback (nobody answered). Each
+rescue records the reason in the job's errors and counts the attempt: the job retries with
+backoff, or fails when it was the last attempt. After a rescue commits, the ``Rescued``
+follow-ups run in a transaction of their own (best-effort: a failure is logged, the rescue
+stands) and then the ``Rescued`` hooks; rescue itself never waits on user code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, LiteralString
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import dict_row
+
+from awa import metrics
+from awa.events import RescueReason
+from awa.model import JobRow
+from awa.sql import query
+from awa.worker.maintenance import Duty
+
+log = logging.getLogger("awa.maintenance")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Sweep:
+    reason: RescueReason
+    candidates: LiteralString
+    state: str
+    error: str
+    metric_kind: str
+
+
+SWEEPS = {
+    RescueReason.STALE_HEARTBEAT: Sweep(
+        RescueReason.STALE_HEARTBEAT,
+        "rescue_candidates_stale_heartbeat",
+        "running",
+        "heartbeat stale: worker presumed dead",
+        "heartbeat",
+    ),
+    RescueReason.DEADLINE_EXCEEDED: Sweep(
+        RescueReason.DEADLINE_EXCEEDED,
+        "rescue_candidates_deadline_exceeded",
+        "running",
+        "hard deadline exceeded",
+        "deadline",
+    ),
+    RescueReason.EXPIRED_CALLBACK: Sweep(
+        RescueReason.EXPIRED_CALLBACK,
+        "rescue_candidates_expired_callback",
+        "waiting_external",
+        "callback timed out",
+        "callback_timeout",
+    ),
+}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Rescue:
+    """One rescued job: its row after the rescue; ``duplicate`` when it was cancelled
+    because a newer job holds its unique key."""
+
+    row: JobRow
+    reason: RescueReason
+    duplicate: bool = False
+
+
+def _composed(name: LiteralString, sweep: Sweep) -> sql.Composed:
+    return sql.SQL(query(name)).format(candidates=sql.SQL(query(sweep.candidates)))
+
+
+async def rescue(
+    conn: psycopg.AsyncConnection[Any], sweep: Sweep, *, staleness: float, limit: int
+) -> list[Rescue]:
+    """Rescue up to ``limit`` jobs in one statement. If one of them collides with a newer
+    job's unique key the batch falls back to one row at a time, cancelling the colliding
+    ones, so a single such job cannot block every rescue."""
+    params = {
+        "staleness": staleness,
+        "limit": limit,
+        "state": sweep.state,
+        "error": sweep.error,
+        "reason": sweep.reason.value,
+    }
+    try:
+        async with conn.cursor(row_factory=dict_row) as cursor:
+            await cursor.execute(_composed("rescue_jobs", sweep), params)
+            rows = await cursor.fetchall()
+        return [Rescue(JobRow.from_record(row), sweep.reason) for row in rows]
+    except psycopg.errors.UniqueViolation:
+        return await _rescue_one_by_one(conn, sweep, params)
+
+
+async def _rescue_one_by_one(
+    conn: psycopg.AsyncConnection[Any], sweep: Sweep, params: dict[str, Any]
+) -> list[Rescue]:
+    async with conn.cursor(row_factory=dict_row) as cursor:
+        await cursor.execute(_composed("rescue_candidate_ids", sweep), params)
+        ids = [row["id"] for row in await cursor.fetchall()]
+    # The same rescue, for one candidate (still checked against the sweep's condition).
+    one_candidate = sql.SQL("SELECT id FROM ({}) AS candidate WHERE id = {}").format(
+        sql.SQL(query(sweep.candidates)), sql.Placeholder("id")
+    )
+    single = sql.SQL(query("rescue_jobs")).format(candidates=one_candidate)
+    rescued: list[Rescue] = []
+    for job_id in ids:
+        try:
+            async with conn.cursor(row_factory=dict_row) as cursor:
+                await cursor.execute(single, {**params, "id": job_id, "limit": 1})
+                rows = await cursor.fetchall()
+            rescued.extend(Rescue(JobRow.from_record(row), sweep.reason) for row in rows)
+        except psycopg.errors.UniqueViolation:
+            async with conn.cursor(row_factory=dict_row) as cursor:
+                await cursor.execute(query("cancel_rescued_duplicate"), {**params, "id": job_id})
+                rows = await cursor.fetchall()
+            log.warning("job %s: rescued as a duplicate of a newer unique job; cancelled", job_id)
+            rescued.extend(
+                Rescue(JobRow.from_record(row), sweep.reason, duplicate=True) for row in rows
+            )
+    return rescued
+
+
+def rescue_duty(
+    sweep: Sweep,
+    *,
+    interval: float,
+    staleness: float,
+    limit: int,
+    on_rescued: Callable[[list[Rescue]], Awaitable[None]],
+) -> Duty:
+    async def run(conn: psycopg.AsyncConnection[Any]) -> None:
+        rescued = await rescue(conn, sweep, staleness=staleness, limit=limit)
+        if not rescued:
+            return
+        for item in rescued:
+            kind = sweep.metric_kind + ("_duplicate_cancelled" if item.duplicate else "")
+            metrics.rescues.add(1, {"awa.rescue.kind": kind, metrics.KIND: item.row.kind})
+        log.warning(
+            "rescued %d job(s): %s (ids %s)",
+            len(rescued),
+            sweep.error,
+            ", ".join(str(item.row.id) for item in rescued[:20]),
+        )
+        await on_rescued(rescued)
+
+    return Duty(f"rescue_{sweep.reason.value}", interval, run)
+
+
+def retention_duty(
+    *, interval: float, completed: float, failed: float, batch_size: int, max_batches: int = 50
+) -> Duty:
+    """Delete finished jobs past their retention, in batches until none are left (at most
+    ``max_batches`` per tick, so other duties keep their rhythm)."""
+
+    async def run(conn: psycopg.AsyncConnection[Any]) -> None:
+        params = {"completed": completed, "failed": failed, "limit": batch_size}
+        total = 0
+        for _ in range(max_batches):
+            async with conn.cursor(row_factory=dict_row) as cursor:
+                await cursor.execute(query("delete_finished"), params)
+                row = await cursor.fetchone()
+            deleted = int(row["deleted"]) if row else 0
+            total += deleted
+            if deleted < batch_size:
+                break
+        if total:
+            log.info("retention deleted %d finished jobs", total)
+
+    return Duty("retention", interval, run)
