@@ -286,20 +286,19 @@ async def test_client_close_shuts_the_worker_down(database_url: str, conn: Conn)
     assert client.runtime is None
 
 
-async def test_worker_on_an_unmigrated_database_recovers_once_migrated(
-    fresh_database: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Claims fail while the schema is missing: the worker says so and keeps trying, shuts
-    down cleanly, and works once the schema exists."""
+async def test_worker_refuses_to_start_on_an_unmigrated_database(fresh_database: str) -> None:
+    """start() checks the schema version first and says what to do; once migrated, it runs."""
     async with awa.AsyncClient(fresh_database) as client:
 
         @client.task(Ping)
         async def handle(job: awa.Job[Ping]) -> None:
             pass
 
-        await start(client)
-        await wait_for(lambda: "schema" in caplog.text, 5)
+        with pytest.raises(awa.SchemaNotMigrated, match="awa migrate"):
+            await start(client)
+        assert client.runtime is None
         await client.migrate()
+        await start(client)
         job = await client.insert(Ping())
         await wait_for(
             lambda: _state(client, job.id), 10, message="the worker never claimed the job"

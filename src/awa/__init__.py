@@ -28,6 +28,7 @@ from awa.events import (
     Started,
     WaitingForCallback,
 )
+from awa.health import HealthCheck
 from awa.insert import InsertKwargs
 from awa.job import Job
 from awa.kinds import derive_kind
@@ -57,6 +58,7 @@ __all__ = [
     "DatabaseError",
     "EnqueueRequest",
     "Exhausted",
+    "HealthCheck",
     "InsertKwargs",
     "InsertOpts",
     "Job",

@@ -192,7 +192,7 @@ class QueueStats:
         return sum(self.counts.values())
 
 
-def _queue_stats(rows: list[dict[str, Any]]) -> list[QueueStats]:
+def decode_queue_stats(rows: list[dict[str, Any]]) -> list[QueueStats]:
     return [
         QueueStats(
             queue=row["queue"],
@@ -209,4 +209,4 @@ def _queue_stats(rows: list[dict[str, Any]]) -> list[QueueStats]:
 @operation
 def queue_stats() -> Statement[list[QueueStats]]:
     """One entry per queue that has jobs or operator state."""
-    return Statement(query("queue_stats"), None, _queue_stats)
+    return Statement(query("queue_stats"), None, decode_queue_stats)

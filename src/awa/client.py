@@ -27,15 +27,17 @@ from awa.db import (
     drive_async,
     drive_sync,
     resolve_database_url,
+    run_async,
     sync_pool,
     translate_errors,
 )
-from awa.errors import AwaError, ValidationError
+from awa.errors import AwaError, DatabaseError, ValidationError
 from awa.followups import FollowUpRegistry
+from awa.health import HealthCheck, health_flow, runtime_health, unreachable
 from awa.hooks import HookDispatcher, HookRegistry
 from awa.insert import InsertKwargs, copy_flow, prepare_job, prepare_many, split_kwargs
 from awa.lifecycle import LifecycleRegistration
-from awa.migrations import migrate_async, migrate_sync
+from awa.migrations import check_version, migrate_async, migrate_sync, schema_version_statement
 from awa.model import JobRow, JobState
 from awa.resolution import CallbackResolution
 from awa.transaction import (
@@ -235,6 +237,8 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
                 f"tasks declare queue(s) {missing} that start() does not run; add them to "
                 "queues (or register those tasks on the queues you run)"
             )
+        async with self.connection() as conn:
+            check_version(await run_async(conn, schema_version_statement()))
         runtime = Runtime(
             self,
             self._tasks,
@@ -270,6 +274,16 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
             yield self
         finally:
             await self.shutdown(shutdown_timeout)
+
+    async def health_check(self) -> HealthCheck:
+        """Database reachable and migrated, a maintenance leader somewhere, this worker's
+        listener and heartbeat alive, and each queue's backlog and lag."""
+        runtime = runtime_health(self._runtime)
+        try:
+            async with self.connection() as conn:
+                return await drive_async(conn, health_flow(runtime))
+        except DatabaseError as error:
+            return unreachable(error, runtime)
 
     # Admin --------------------------------------------------------------------------------
 
@@ -430,6 +444,15 @@ class Client:
                 self._pool.putconn(conn)
 
         return SyncTransaction(acquire, release)
+
+    def health_check(self) -> HealthCheck:
+        """Database reachable and migrated, a maintenance leader somewhere, each queue's
+        backlog and lag."""
+        try:
+            with self.connection() as conn:
+                return drive_sync(conn, health_flow(None))
+        except DatabaseError as error:
+            return unreachable(error, None)
 
     def get_job(self, job_id: int) -> JobRow | None:
         with self.connection() as conn:

@@ -11,7 +11,7 @@ from typing import Any
 
 import psycopg
 
-from awa.db import translate_errors
+from awa.db import Statement, translate_errors
 from awa.errors import SchemaNotMigrated
 from awa.sql import Migration, current_version, migrations, query
 
@@ -71,6 +71,11 @@ def migration_script() -> str:
         )
     parts.append("COMMIT;")
     return "\n".join(parts) + "\n"
+
+
+def schema_version_statement() -> Statement[int | None]:
+    """The newest migration applied to this database (None: never migrated)."""
+    return Statement(query("schema_version"), None, lambda rows: rows[0]["version"])
 
 
 def check_version(found: int | None) -> None:

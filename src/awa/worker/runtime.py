@@ -145,6 +145,14 @@ class Runtime:
     # Lifecycle ----------------------------------------------------------------------------
 
     @property
+    def listener_connected(self) -> bool:
+        return self._listener is not None and self._listener.connected
+
+    @property
+    def heartbeat_alive(self) -> bool:
+        return self._heartbeat is not None and self._heartbeat.alive
+
+    @property
     def is_leader(self) -> bool:
         return self._maintenance is not None and self._maintenance.is_leader
 
