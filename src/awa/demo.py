@@ -40,7 +40,7 @@ class WelcomeEmail:
 
 
 def build_demo(client: awa.AsyncClient, console: Console, run: str) -> None:
-    """Register the demo's handlers on ``client``."""
+    """Register the demo's handlers, lifecycle hook and follow-up on ``client``."""
 
     @client.task(Signup, queue=SIGNUP_QUEUE)
     async def handle_signup(job: awa.Job[Signup]) -> awa.RetryAfter | awa.Cancel | None:
@@ -52,15 +52,35 @@ def build_demo(client: awa.AsyncClient, console: Console, run: str) -> None:
         if "@" not in signup.email:
             raise awa.TerminalError(f"not an email address: {signup.email!r}")
         if signup.user_id % 4 == 0 and job.attempt == 1:
-            console.print(f"  signup {signup.user_id}: mail provider busy, retrying shortly")
-            return awa.RetryAfter(0.3)
-        await client.insert(
-            WelcomeEmail(signup.user_id, signup.email, job.id),
-            queue=EMAIL_QUEUE,
-            metadata={"demo_run": run},
-        )
-        console.print(f"  signup {signup.user_id}: account created (attempt {job.attempt})")
+            return awa.RetryAfter(0.3)  # the mail provider is busy: try again shortly
         return None
+
+    # Durable follow-up: the welcome email is inserted in the same transaction that marks
+    # the signup completed, so a crash can never lose it (or send it for a failed signup).
+    @client.on_completed_enqueue_with(Signup)
+    def welcome_email(signup: Signup, job: awa.JobRow) -> awa.EnqueueRequest[WelcomeEmail]:
+        email = WelcomeEmail(signup.user_id, signup.email, job.id)
+        return awa.EnqueueRequest(email).queue(EMAIL_QUEUE).metadata({"demo_run": run})
+
+    # Lifecycle hook: observation only (best-effort, after each transition commits).
+    @client.on_event(Signup)
+    async def report(event: awa.JobEvent[Signup]) -> None:
+        user = event.args.user_id
+        match event:
+            case awa.Completed(duration=duration):
+                took = duration.total_seconds() * 1000
+                console.print(f"  signup {user}: completed in {took:.0f} ms, welcome email queued")
+            case awa.Retried(next_run_at=when):
+                wait = (
+                    (when - event.job.finalized_at).total_seconds() if event.job.finalized_at else 0
+                )
+                console.print(
+                    f"  signup {user}: attempt {event.job.attempt} asked to retry in {wait:.1f}s"
+                )
+            case awa.Cancelled(reason=reason):
+                console.print(f"  signup {user}: cancelled ({reason})")
+            case awa.Exhausted(error=error):
+                console.print(f"  signup {user}: failed for good: {error.splitlines()[0]}")
 
     @client.task(WelcomeEmail, queue=EMAIL_QUEUE)
     def send_welcome(job: awa.Job[WelcomeEmail]) -> None:

@@ -86,74 +86,194 @@ class LifecycleRegistration:
 
         return register if closure is None else register(closure)
 
+    @overload
+    def on_completed_enqueue(
+        self, trigger_type: type[Any], closure: None = None, *, kind: str | None = None
+    ) -> Callable[[F], F]: ...
+
+    @overload
+    def on_completed_enqueue(
+        self, trigger_type: type[Any], closure: F, *, kind: str | None = None
+    ) -> F: ...
+
     def on_completed_enqueue(
         self, trigger_type: type[Any], closure: F | None = None, *, kind: str | None = None
-    ) -> Any:
+    ) -> F | Callable[[F], F]:
         """When a job of ``trigger_type`` completes, insert ``closure(args, job)`` in the same
         transaction."""
         return self._follow_up(Trigger.COMPLETED, trigger_type, closure, kind, False)
 
+    @overload
+    def on_completed_enqueue_with(
+        self, trigger_type: type[Any], closure: None = None, *, kind: str | None = None
+    ) -> Callable[[F], F]: ...
+
+    @overload
+    def on_completed_enqueue_with(
+        self, trigger_type: type[Any], closure: F, *, kind: str | None = None
+    ) -> F: ...
+
     def on_completed_enqueue_with(
         self, trigger_type: type[Any], closure: F | None = None, *, kind: str | None = None
-    ) -> Any:
+    ) -> F | Callable[[F], F]:
         """Like ``on_completed_enqueue``; the closure returns an ``awa.EnqueueRequest``
         (with its options) or None to enqueue nothing."""
         return self._follow_up(Trigger.COMPLETED, trigger_type, closure, kind, True)
 
+    @overload
+    def on_cancelled_enqueue(
+        self, trigger_type: type[Any], closure: None = None, *, kind: str | None = None
+    ) -> Callable[[F], F]: ...
+
+    @overload
+    def on_cancelled_enqueue(
+        self, trigger_type: type[Any], closure: F, *, kind: str | None = None
+    ) -> F: ...
+
     def on_cancelled_enqueue(
         self, trigger_type: type[Any], closure: F | None = None, *, kind: str | None = None
-    ) -> Any:
+    ) -> F | Callable[[F], F]:
         """On cancellation: ``closure(args, job, reason)``."""
         return self._follow_up(Trigger.CANCELLED, trigger_type, closure, kind, False)
 
+    @overload
+    def on_cancelled_enqueue_with(
+        self, trigger_type: type[Any], closure: None = None, *, kind: str | None = None
+    ) -> Callable[[F], F]: ...
+
+    @overload
+    def on_cancelled_enqueue_with(
+        self, trigger_type: type[Any], closure: F, *, kind: str | None = None
+    ) -> F: ...
+
     def on_cancelled_enqueue_with(
         self, trigger_type: type[Any], closure: F | None = None, *, kind: str | None = None
-    ) -> Any:
+    ) -> F | Callable[[F], F]:
         return self._follow_up(Trigger.CANCELLED, trigger_type, closure, kind, True)
+
+    @overload
+    def on_retried_enqueue(
+        self, trigger_type: type[Any], closure: None = None, *, kind: str | None = None
+    ) -> Callable[[F], F]: ...
+
+    @overload
+    def on_retried_enqueue(
+        self, trigger_type: type[Any], closure: F, *, kind: str | None = None
+    ) -> F: ...
 
     def on_retried_enqueue(
         self, trigger_type: type[Any], closure: F | None = None, *, kind: str | None = None
-    ) -> Any:
+    ) -> F | Callable[[F], F]:
         """When an attempt fails and the job will retry:
         ``closure(args, job, error, attempt, next_run_at)``."""
         return self._follow_up(Trigger.RETRIED, trigger_type, closure, kind, False)
 
+    @overload
+    def on_retried_enqueue_with(
+        self, trigger_type: type[Any], closure: None = None, *, kind: str | None = None
+    ) -> Callable[[F], F]: ...
+
+    @overload
+    def on_retried_enqueue_with(
+        self, trigger_type: type[Any], closure: F, *, kind: str | None = None
+    ) -> F: ...
+
     def on_retried_enqueue_with(
         self, trigger_type: type[Any], closure: F | None = None, *, kind: str | None = None
-    ) -> Any:
+    ) -> F | Callable[[F], F]:
         return self._follow_up(Trigger.RETRIED, trigger_type, closure, kind, True)
+
+    @overload
+    def on_exhausted_enqueue(
+        self, trigger_type: type[Any], closure: None = None, *, kind: str | None = None
+    ) -> Callable[[F], F]: ...
+
+    @overload
+    def on_exhausted_enqueue(
+        self, trigger_type: type[Any], closure: F, *, kind: str | None = None
+    ) -> F: ...
 
     def on_exhausted_enqueue(
         self, trigger_type: type[Any], closure: F | None = None, *, kind: str | None = None
-    ) -> Any:
+    ) -> F | Callable[[F], F]:
         """When the job fails for good: ``closure(args, job, error, attempt)``."""
         return self._follow_up(Trigger.EXHAUSTED, trigger_type, closure, kind, False)
 
+    @overload
+    def on_exhausted_enqueue_with(
+        self, trigger_type: type[Any], closure: None = None, *, kind: str | None = None
+    ) -> Callable[[F], F]: ...
+
+    @overload
+    def on_exhausted_enqueue_with(
+        self, trigger_type: type[Any], closure: F, *, kind: str | None = None
+    ) -> F: ...
+
     def on_exhausted_enqueue_with(
         self, trigger_type: type[Any], closure: F | None = None, *, kind: str | None = None
-    ) -> Any:
+    ) -> F | Callable[[F], F]:
         return self._follow_up(Trigger.EXHAUSTED, trigger_type, closure, kind, True)
+
+    @overload
+    def on_waiting_for_callback_enqueue(
+        self, trigger_type: type[Any], closure: None = None, *, kind: str | None = None
+    ) -> Callable[[F], F]: ...
+
+    @overload
+    def on_waiting_for_callback_enqueue(
+        self, trigger_type: type[Any], closure: F, *, kind: str | None = None
+    ) -> F: ...
 
     def on_waiting_for_callback_enqueue(
         self, trigger_type: type[Any], closure: F | None = None, *, kind: str | None = None
-    ) -> Any:
+    ) -> F | Callable[[F], F]:
         """When the job parks on an external callback: ``closure(args, job)``
         (``job.callback_id`` is set)."""
         return self._follow_up(Trigger.WAITING_FOR_CALLBACK, trigger_type, closure, kind, False)
 
+    @overload
+    def on_waiting_for_callback_enqueue_with(
+        self, trigger_type: type[Any], closure: None = None, *, kind: str | None = None
+    ) -> Callable[[F], F]: ...
+
+    @overload
+    def on_waiting_for_callback_enqueue_with(
+        self, trigger_type: type[Any], closure: F, *, kind: str | None = None
+    ) -> F: ...
+
     def on_waiting_for_callback_enqueue_with(
         self, trigger_type: type[Any], closure: F | None = None, *, kind: str | None = None
-    ) -> Any:
+    ) -> F | Callable[[F], F]:
         return self._follow_up(Trigger.WAITING_FOR_CALLBACK, trigger_type, closure, kind, True)
+
+    @overload
+    def on_rescued_enqueue(
+        self, trigger_type: type[Any], closure: None = None, *, kind: str | None = None
+    ) -> Callable[[F], F]: ...
+
+    @overload
+    def on_rescued_enqueue(
+        self, trigger_type: type[Any], closure: F, *, kind: str | None = None
+    ) -> F: ...
 
     def on_rescued_enqueue(
         self, trigger_type: type[Any], closure: F | None = None, *, kind: str | None = None
-    ) -> Any:
+    ) -> F | Callable[[F], F]:
         """After maintenance rescues the job: ``closure(args, job, reason)``. Unlike the
         others this runs in its own transaction after the rescue commits (best-effort)."""
         return self._follow_up(Trigger.RESCUED, trigger_type, closure, kind, False)
 
+    @overload
+    def on_rescued_enqueue_with(
+        self, trigger_type: type[Any], closure: None = None, *, kind: str | None = None
+    ) -> Callable[[F], F]: ...
+
+    @overload
+    def on_rescued_enqueue_with(
+        self, trigger_type: type[Any], closure: F, *, kind: str | None = None
+    ) -> F: ...
+
     def on_rescued_enqueue_with(
         self, trigger_type: type[Any], closure: F | None = None, *, kind: str | None = None
-    ) -> Any:
+    ) -> F | Callable[[F], F]:
         return self._follow_up(Trigger.RESCUED, trigger_type, closure, kind, True)
