@@ -126,15 +126,21 @@ class FollowUpRegistry:
 
     def __init__(self) -> None:
         self._specs: dict[tuple[Trigger, str], list[FollowUpSpec]] = {}
+        self._kinds: set[str] = set()
 
     def add(self, spec: FollowUpSpec) -> None:
         check_name("kind", spec.kind)
         if not callable(spec.closure):
             raise TypeError(f"{spec.name}: the closure is not callable")
         self._specs.setdefault((spec.trigger, spec.kind), []).append(spec)
+        self._kinds.add(spec.kind)
 
     def specs(self, trigger: Trigger, kind: str) -> list[FollowUpSpec]:
         return self._specs.get((trigger, kind), [])
+
+    def has_kind(self, kind: str) -> bool:
+        """Whether any outcome of this kind has specs (a cheap first check)."""
+        return kind in self._kinds
 
     def has(self, trigger: Trigger, kind: str) -> bool:
         return (trigger, kind) in self._specs

@@ -166,7 +166,11 @@ class CompletionBatcher:
 
     async def _flush(self, batch: list[tuple[Job[Any], float]]) -> dict[tuple[int, int], float]:
         jobs = sorted((job for job, _ in batch), key=lambda job: job.id)
-        params = {"ids": [job.id for job in jobs], "leases": [job.run_lease for job in jobs]}
+        # Integer arrays as literals: psycopg's list adapter costs microseconds per element.
+        params = {
+            "ids": "{" + ",".join([str(job.id) for job in jobs]) + "}",
+            "leases": "{" + ",".join([str(job.run_lease) for job in jobs]) + "}",
+        }
         statement = Statement(
             query("complete_batch"),
             params,

@@ -30,7 +30,9 @@ SHUTDOWN_ERROR = "interrupted: the worker shut down before the handler finished"
 
 def classify(result: object, job: Job[Any], duration: float) -> Outcome:
     """The outcome a handler chose by returning ``result``."""
-    if result is None or not isinstance(result, OUTCOME_TYPES):
+    if result is None:
+        return Completed(duration)
+    if not isinstance(result, OUTCOME_TYPES):
         if isinstance(result, type) and issubclass(result, OUTCOME_TYPES):
             return Fail(
                 f"invalid handler return value: the class {result.__name__} was returned; "

@@ -136,6 +136,8 @@ class Finalizer:
         self._follow_ups = follow_ups
 
     def needs_own_transaction(self, job: Job[Any], outcome: results.Outcome) -> bool:
+        if not self._follow_ups.has_kind(job.kind):
+            return False
         return any(
             self._follow_ups.has(trigger, job.kind) for trigger in possible_triggers(job, outcome)
         )
