@@ -50,6 +50,9 @@ R = TypeVar("R")
 # before they are interrupted and their jobs requeued.
 CANCEL_GRACE = 1.0
 
+# Rescued follow-ups of one job must be inserted within this long (they are best-effort).
+RESCUE_FOLLOW_UP_TIMEOUT = 30.0
+
 
 class Runtime:
     def __init__(
@@ -100,6 +103,7 @@ class Runtime:
         self._listener: Listener | None = None
         self._heartbeat: Heartbeat | None = None
         self._maintenance: Maintenance | None = None
+        self._rescue_tasks: set[asyncio.Task[None]] = set()
         self._application_name = client.application_name
         self.completed = 0
         """Completions committed by this runtime (for progress displays and benchmarks)."""
@@ -215,12 +219,21 @@ class Runtime:
         ]
 
     async def _rescued(self, rescued: list[Rescue]) -> None:
-        """After a rescue commits: tell handlers still running here, then run the Rescued
-        follow-ups (each job in its own transaction, best-effort) and hooks."""
+        """After a rescue commits: tell handlers still running here, then (apart from the
+        maintenance loop, so user code cannot stall the sweeps) run the Rescued follow-ups
+        and hooks."""
+        for item in rescued:
+            if item.reason is not RescueReason.EXPIRED_CALLBACK:
+                self._cancel_attempt(item.row.id, item.row.run_lease)
+        task = asyncio.create_task(self._after_rescue(rescued), name="awa-rescued")
+        self._rescue_tasks.add(task)
+        task.add_done_callback(self._rescue_tasks.discard)
+
+    async def _after_rescue(self, rescued: list[Rescue]) -> None:
+        """The Rescued follow-ups (each job in its own transaction, best-effort and bounded
+        in time) and hooks of committed rescues."""
         for item in rescued:
             row = item.row
-            if item.reason is not RescueReason.EXPIRED_CALLBACK:
-                self._cancel_attempt(row.id, row.run_lease)
             if item.duplicate:
                 reason = str(row.errors[-1]["error"]) if row.errors else "rescued as duplicate"
                 self._hooks.dispatch(events.Cancelled(row, row.args, reason))
@@ -229,10 +242,13 @@ class Runtime:
             if specs:
                 context = TriggerContext(Trigger.RESCUED, reason=item.reason)
                 try:
-                    async with self._client.connection() as conn, conn.transaction():
-                        await insert_follow_ups(conn, specs, row, context)
+                    async with asyncio.timeout(RESCUE_FOLLOW_UP_TIMEOUT):
+                        async with self._client.connection() as conn, conn.transaction():
+                            await insert_follow_ups(conn, specs, row, context)
                 except Exception as error:
                     metrics.follow_up_failures.add(1, {metrics.KIND: row.kind})
+                    if isinstance(error, TimeoutError):
+                        error = TimeoutError(f"not done within {RESCUE_FOLLOW_UP_TIMEOUT:g}s")
                     log.error(
                         "job %s (kind %s) was rescued, but its Rescued follow-ups failed "
                         "(the rescue stands): %s",
@@ -266,6 +282,11 @@ class Runtime:
             await self._listener.stop()
         if self._maintenance is not None:
             await self._maintenance.stop()
+        if self._rescue_tasks:
+            # Rescue follow-ups are best-effort: a short grace, then they are dropped.
+            _, unfinished = await asyncio.wait(self._rescue_tasks, timeout=CANCEL_GRACE)
+            for task in unfinished:
+                task.cancel()
         self.threads.shutdown(wait=False, cancel_futures=True)
         log.info("worker stopped")
 
