@@ -176,9 +176,8 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
     ) -> list[JobRow]:
         """Bulk insert with COPY (atomic); same arguments as ``insert_many``."""
         kind, opts = split_kwargs("insert_many_copy", kwargs)
-        prepared = prepare_many(jobs, kind=kind, opts=opts)
         async with self.connection() as conn, conn.transaction():
-            return await drive_async(conn, copy_flow(prepared))
+            return await drive_async(conn, copy_flow(jobs, kind=kind, opts=opts))
 
     def transaction(self) -> Transaction:
         """A transaction: ``async with client.transaction() as tx`` or
@@ -428,9 +427,8 @@ class Client:
 
     def insert_many_copy(self, jobs: Iterable[Any], **kwargs: Unpack[InsertKwargs]) -> list[JobRow]:
         kind, opts = split_kwargs("insert_many_copy", kwargs)
-        prepared = prepare_many(jobs, kind=kind, opts=opts)
         with self.connection() as conn, conn.transaction():
-            return drive_sync(conn, copy_flow(prepared))
+            return drive_sync(conn, copy_flow(jobs, kind=kind, opts=opts))
 
     def transaction(self) -> SyncTransaction:
         """``with client.transaction() as tx:`` commits on success, rolls back on error."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Coroutine, Generator, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, LiteralString, ParamSpec, TypeVar, overload
 
@@ -165,7 +165,7 @@ class CopyStatement:
     """A ``COPY ... FROM STDIN`` and the rows to send; the step's result is None."""
 
     sql: LiteralString
-    rows: Sequence[Sequence[Any]]
+    rows: Iterable[Sequence[Any]]
 
 
 # A multi-step database conversation written once, without I/O: the generator yields

@@ -13,7 +13,7 @@ import math
 import struct
 import time
 from collections import Counter
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypedDict
 
 import blake3
@@ -165,20 +165,20 @@ def prepare_job(
             period_bucket(period, checked.run_at) if period is not None else None,
         )
         states = unique.mask
-    return PreparedJob(
-        kind=job_kind,
-        queue=opts.queue,
-        args=value,
-        args_json=args_json,
-        priority=opts.priority,
-        max_attempts=opts.max_attempts,
-        run_at=checked.run_at,
-        metadata_json=checked.metadata_json,
-        tags=checked.tags,
-        unique_key=key,
-        unique_states=states,
-        ordering_key=checked.ordering_key,
-        deadline_duration=checked.deadline_duration,
+    return PreparedJob(  # positional: this runs once per job of a bulk insert
+        job_kind,
+        opts.queue,
+        value,
+        args_json,
+        opts.priority,
+        opts.max_attempts,
+        checked.run_at,
+        checked.metadata_json,
+        checked.tags,
+        key,
+        states,
+        checked.ordering_key,
+        checked.deadline_duration,
     )
 
 
@@ -297,17 +297,39 @@ def insert_skipping_duplicates_flow(jobs: Sequence[PreparedJob]) -> Flow[Skippin
     return result
 
 
-def copy_flow(jobs: Sequence[PreparedJob]) -> Flow[list[JobRow]]:
-    """Bulk insert with COPY; run it inside a transaction. Batches holding unique jobs take
-    the INSERT path, which can skip and report duplicates."""
-    if any(job.unique_key is not None for job in jobs):
-        return (yield from insert_flow(jobs))
-    if not jobs:
+def copy_flow(items: Iterable[Any], *, kind: str | None, opts: InsertOpts) -> Flow[list[JobRow]]:
+    """Bulk insert with COPY; run it inside a transaction.
+
+    Jobs are validated and formatted while the COPY streams, so Postgres writes rows while
+    Python prepares the next ones; a bad job aborts the COPY and the transaction (nothing is
+    inserted). Batches with unique jobs take the INSERT path, which reports duplicates.
+    """
+    if isinstance(items, Mapping | str | bytes):
+        raise ValidationError("insert_many_copy() takes a list of jobs")
+    batch = list(items)
+    checked = check_opts(opts)
+    if checked.unique is not None or any(
+        isinstance(item, EnqueueRequest) and item.resolve(opts).unique is not None for item in batch
+    ):
+        return (yield from insert_flow(prepare_many(batch, kind=kind, opts=opts)))
+    if not batch:
         return []
-    reserved = yield Statement(query("copy_reserve_ids"), {"count": len(jobs)}, _first)
+    reserved = yield Statement(query("copy_reserve_ids"), {"count": len(batch)}, _first)
     now: dt.datetime = reserved["now"]
     ids: list[int] = reserved["ids"]
-    yield CopyStatement(query("copy_jobs"), copy_rows(jobs, ids, now))
+    prepared: list[PreparedJob] = []
+
+    def rows() -> Iterator[tuple[str | None, ...]]:
+        row = CopyRowFormatter(now)
+        for index, item in enumerate(batch):
+            try:
+                job = prepare_job(item, kind=kind, opts=opts, checked=checked)
+            except ValidationError as error:
+                raise ValidationError(f"job {index}: {error}") from None
+            prepared.append(job)
+            yield row(job, ids[index])
+
+    yield CopyStatement(query("copy_jobs"), rows())
     return [
         stored_job(
             job,
@@ -316,7 +338,7 @@ def copy_flow(jobs: Sequence[PreparedJob]) -> Flow[list[JobRow]]:
             job.run_at or now,
             now,
         )
-        for job, job_id in zip(jobs, ids, strict=True)
+        for job, job_id in zip(prepared, ids, strict=True)
     ]
 
 
@@ -404,42 +426,39 @@ def interval_literal(value: dt.timedelta) -> str:
     return f"{sign}{seconds}.{fraction:06d} seconds"
 
 
-def copy_rows(
-    jobs: Sequence[PreparedJob], ids: Sequence[int], now: dt.datetime
-) -> list[tuple[str | None, ...]]:
-    """The rows of the ``copy_jobs`` COPY, as text (psycopg formats strings fastest; jobs
+class CopyRowFormatter:
+    """Formats rows of the ``copy_jobs`` COPY as text (psycopg formats strings fastest; jobs
     with unique keys never come here, they take the INSERT path)."""
-    now_text = now.isoformat()
-    tags_cache: dict[int, str] = {}
-    rows: list[tuple[str | None, ...]] = []
-    for job, job_id in zip(jobs, ids, strict=True):
+
+    def __init__(self, now: dt.datetime) -> None:
+        self._now = now
+        self._now_text = now.isoformat()
+        self._tags: dict[int, str] = {}  # batches share one tags list: render it once
+
+    def __call__(self, job: PreparedJob, job_id: int) -> tuple[str | None, ...]:
         run_at = job.run_at
-        due = run_at is None or run_at <= now
-        tags = tags_cache.get(id(job.tags))
+        tags = self._tags.get(id(job.tags))
         if tags is None:
-            tags = tags_cache[id(job.tags)] = array_literal(job.tags)
-        rows.append(
+            tags = self._tags[id(job.tags)] = array_literal(job.tags)
+        return (
+            str(job_id),
+            job.kind,
+            job.queue,
+            job.args_json,
+            "available" if run_at is None or run_at <= self._now else "scheduled",
+            str(job.priority),
+            str(job.max_attempts),
+            self._now_text if run_at is None else run_at.isoformat(),
+            self._now_text,
+            job.metadata_json,
+            tags,
+            "\\x" + job.ordering_key.hex() if job.ordering_key is not None else None,
             (
-                str(job_id),
-                job.kind,
-                job.queue,
-                job.args_json,
-                "available" if due else "scheduled",
-                str(job.priority),
-                str(job.max_attempts),
-                now_text if run_at is None else run_at.isoformat(),
-                now_text,
-                job.metadata_json,
-                tags,
-                "\\x" + job.ordering_key.hex() if job.ordering_key is not None else None,
-                (
-                    interval_literal(job.deadline_duration)
-                    if job.deadline_duration is not None
-                    else None
-                ),
-            )
+                interval_literal(job.deadline_duration)
+                if job.deadline_duration is not None
+                else None
+            ),
         )
-    return rows
 
 
 def stored_job(
