@@ -111,9 +111,18 @@ async def bench_copy(client: awa.AsyncClient, jobs: int, progress: Progress) -> 
     return Result("copy", jobs, elapsed)
 
 
-async def bench_drain(url: str, jobs: int, concurrency: int, progress: Progress) -> Result:
+@dataclasses.dataclass
+class Echo:
+    n: int
+
+
+async def bench_drain(
+    url: str, jobs: int, concurrency: int, progress: Progress, variant: str = "drain"
+) -> Result:
     """Run ``jobs`` pre-inserted no-op jobs with ``concurrency`` handlers; time until every
-    completion is committed (checked by counting rows)."""
+    completion is committed (checked by counting rows). ``drain-hook`` adds one no-op
+    lifecycle hook on the kind; ``drain-followup`` a Completed follow-up spec (each job then
+    completes in its own transaction that also inserts its follow-up)."""
     client = awa.AsyncClient(url, application_name="awa-bench")
     try:
         await _reset(client)
@@ -125,9 +134,20 @@ async def bench_drain(url: str, jobs: int, concurrency: int, progress: Progress)
         async def noop(job: awa.Job[Noop]) -> None:
             return None
 
+        if variant == "drain-hook":
+
+            @client.on_event(Noop)
+            async def observe(event: awa.JobEvent[Noop]) -> None:
+                return None
+
+        elif variant == "drain-followup":
+            client.on_completed_enqueue_with(
+                Noop, lambda args, job: awa.EnqueueRequest(Echo(args.n)).queue("bench-followups")
+            )
+
         async with client.connection() as conn:
             commits_before = await _value(conn, "bench_commits")
-        task = progress.add_task(f"drain x{concurrency}", total=jobs)
+        task = progress.add_task(f"{variant} x{concurrency}", total=jobs)
         started = time.perf_counter()
         await client.start({"default": {"max_workers": concurrency}})
         runtime = client.runtime
@@ -147,7 +167,7 @@ async def bench_drain(url: str, jobs: int, concurrency: int, progress: Progress)
         dead = await _value(conn, "bench_dead_tuples")
     if completed != jobs:
         raise awa.AwaError(f"drain: {completed} of {jobs} jobs are completed in the table")
-    return Result("drain", jobs, elapsed, {"commits_per_job": commits / jobs, "dead_tuples": dead})
+    return Result(variant, jobs, elapsed, {"commits_per_job": commits / jobs, "dead_tuples": dead})
 
 
 async def bench_latency(
@@ -206,7 +226,7 @@ def _median(results: list[Result]) -> Result:
     return Result(middle.scenario, middle.jobs, middle.seconds, extras)
 
 
-SCENARIOS = ("enqueue", "copy", "drain", "latency")
+SCENARIOS = ("enqueue", "copy", "drain", "drain-hook", "drain-followup", "latency")
 
 
 async def run_bench(
@@ -227,6 +247,10 @@ async def run_bench(
         "enqueue": lambda progress: bench_enqueue(client, jobs, progress),
         "copy": lambda progress: bench_copy(client, jobs, progress),
         "drain": lambda progress: bench_drain(url, jobs, concurrency, progress),
+        "drain-hook": lambda progress: bench_drain(url, jobs, concurrency, progress, "drain-hook"),
+        "drain-followup": lambda progress: bench_drain(
+            url, jobs, concurrency, progress, "drain-followup"
+        ),
         "latency": lambda progress: bench_latency(url, rate, seconds, concurrency, progress),
     }
     try:
