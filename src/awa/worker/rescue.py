@@ -31,8 +31,7 @@ log = logging.getLogger("awa.maintenance")
 @dataclasses.dataclass(frozen=True, slots=True)
 class Sweep:
     reason: RescueReason
-    candidates: LiteralString
-    state: str
+    condition: LiteralString  # the query holding the sweep's condition on awa.jobs AS j
     error: str
     metric_kind: str
 
@@ -40,22 +39,19 @@ class Sweep:
 SWEEPS = {
     RescueReason.STALE_HEARTBEAT: Sweep(
         RescueReason.STALE_HEARTBEAT,
-        "rescue_candidates_stale_heartbeat",
-        "running",
+        "rescue_condition_stale_heartbeat",
         "heartbeat stale: worker presumed dead",
         "heartbeat",
     ),
     RescueReason.DEADLINE_EXCEEDED: Sweep(
         RescueReason.DEADLINE_EXCEEDED,
-        "rescue_candidates_deadline_exceeded",
-        "running",
+        "rescue_condition_deadline_exceeded",
         "hard deadline exceeded",
         "deadline",
     ),
     RescueReason.EXPIRED_CALLBACK: Sweep(
         RescueReason.EXPIRED_CALLBACK,
-        "rescue_candidates_expired_callback",
-        "waiting_external",
+        "rescue_condition_expired_callback",
         "callback timed out",
         "callback_timeout",
     ),
@@ -73,7 +69,7 @@ class Rescue:
 
 
 def _composed(name: LiteralString, sweep: Sweep) -> sql.Composed:
-    return sql.SQL(query(name)).format(candidates=sql.SQL(query(sweep.candidates)))
+    return sql.SQL(query(name)).format(condition=sql.SQL(query(sweep.condition)))
 
 
 async def rescue(
@@ -85,7 +81,6 @@ async def rescue(
     params = {
         "staleness": staleness,
         "limit": limit,
-        "state": sweep.state,
         "error": sweep.error,
         "reason": sweep.reason.value,
     }
@@ -105,10 +100,11 @@ async def _rescue_one_by_one(
         await cursor.execute(_composed("rescue_candidate_ids", sweep), params)
         ids = [row["id"] for row in await cursor.fetchall()]
     # The same rescue, for one candidate (still checked against the sweep's condition).
-    one_candidate = sql.SQL("SELECT id FROM ({}) AS candidate WHERE id = {}").format(
-        sql.SQL(query(sweep.candidates)), sql.Placeholder("id")
+    one_candidate = sql.SQL("{} AND j.id = {}").format(
+        sql.SQL(query(sweep.condition)), sql.Placeholder("id")
     )
-    single = sql.SQL(query("rescue_jobs")).format(candidates=one_candidate)
+    single = sql.SQL(query("rescue_jobs")).format(condition=one_candidate)
+    cancel = _composed("cancel_rescued_duplicate", sweep)
     rescued: list[Rescue] = []
     for job_id in ids:
         try:
@@ -118,7 +114,7 @@ async def _rescue_one_by_one(
             rescued.extend(Rescue(JobRow.from_record(row), sweep.reason) for row in rows)
         except psycopg.errors.UniqueViolation:
             async with conn.cursor(row_factory=dict_row) as cursor:
-                await cursor.execute(query("cancel_rescued_duplicate"), {**params, "id": job_id})
+                await cursor.execute(cancel, {**params, "id": job_id})
                 rows = await cursor.fetchall()
             log.warning("job %s: rescued as a duplicate of a newer unique job; cancelled", job_id)
             rescued.extend(

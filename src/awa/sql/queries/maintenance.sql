@@ -55,33 +55,29 @@ SET state = 'cancelled', finalized_at = now(),
 WHERE id = %(id)s AND state IN ('scheduled', 'retryable')
 RETURNING id
 
--- name: rescue_candidates_stale_heartbeat
--- Running attempts whose process stopped heartbeating: presumed dead.
-SELECT id FROM awa.jobs
-WHERE state = 'running' AND heartbeat_at < now() - make_interval(secs => %(staleness)s)
+-- name: rescue_condition_stale_heartbeat
+-- Running attempts whose process stopped heartbeating: presumed dead. The rescue_condition_*
+-- fragments are boolean conditions on awa.jobs AS j, spliced into the rescue statements
+-- below as {condition}.
+j.state = 'running' AND j.heartbeat_at < now() - make_interval(secs => %(staleness)s)
 
--- name: rescue_candidates_deadline_exceeded
-SELECT id FROM awa.jobs
-WHERE state = 'running' AND deadline_at < now()
+-- name: rescue_condition_deadline_exceeded
+j.state = 'running' AND j.deadline_at < now()
 
--- name: rescue_candidates_expired_callback
-SELECT id FROM awa.jobs
-WHERE state = 'waiting_external' AND callback_timeout_at < now()
+-- name: rescue_condition_expired_callback
+j.state = 'waiting_external' AND j.callback_timeout_at < now()
 
 -- name: rescue_jobs
 -- Rescue counts the attempt: the job retries with backoff while attempts remain and fails
 -- on its last one, so a job that always hangs or always kills its worker cannot loop
--- forever. The candidates placeholder takes one of the rescue_candidates_* queries; the
--- outer WHERE repeats the state check because a candidate may have changed before it was
--- locked.
-WITH rescued AS (
-    SELECT id FROM ({candidates}) AS c
-    ORDER BY id
-    LIMIT %(limit)s
-), locked AS (
-    SELECT j.id FROM awa.jobs AS j JOIN rescued USING (id)
-    WHERE j.state = %(state)s
+-- forever. The condition sits on the locking scan itself, so a row that changed after the
+-- statement's snapshot (a heartbeat that just landed, a completion) is re-checked against
+-- the whole condition once locked, not just against its state.
+WITH locked AS (
+    SELECT j.id FROM awa.jobs AS j
+    WHERE ({condition})
     ORDER BY j.id
+    LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED
 )
 UPDATE awa.jobs AS j
@@ -103,31 +99,36 @@ RETURNING j.*
 
 -- name: rescue_candidate_ids
 -- The slow path after a unique-key collision: candidates one by one.
-SELECT id FROM ({candidates}) AS c ORDER BY id LIMIT %(limit)s
+SELECT j.id FROM awa.jobs AS j WHERE ({condition}) ORDER BY j.id LIMIT %(limit)s
 
 -- name: cancel_rescued_duplicate
 -- A rescued job whose retry would collide with a newer job holding its unique key: the
 -- newer job wins and this one is cancelled, with the reason recorded.
-UPDATE awa.jobs
+UPDATE awa.jobs AS j
 SET state = 'cancelled', finalized_at = now(), heartbeat_at = NULL, deadline_at = NULL,
     callback_id = NULL, callback_timeout_at = NULL, callback_filter = NULL,
     callback_on_complete = NULL, callback_on_fail = NULL, callback_transform = NULL,
     callback_in_handler = false,
-    errors = errors || jsonb_build_array(jsonb_build_object(
+    errors = j.errors || jsonb_build_array(jsonb_build_object(
         'error', 'rescued as duplicate: ' || %(error)s::text
                  || ', and a newer job holds its unique key',
-        'attempt', attempt, 'at', now(), 'rescued', %(reason)s::text))
-WHERE id = %(id)s AND state = %(state)s
-RETURNING *
+        'attempt', j.attempt, 'at', now(), 'rescued', %(reason)s::text))
+WHERE j.id = %(id)s AND ({condition})
+RETURNING j.*
 
 -- name: delete_finished
 -- Retention: finished jobs older than their retention, oldest first, in bounded batches.
--- Deleting a row frees its unique key.
+-- Deleting a row frees its unique key. The first finalized_at condition (the shorter of the
+-- two retentions) is a range on jobs_finalized_idx, so a batch reads about as many index
+-- entries as it deletes; without it the OR of the two cutoffs made every batch read and sort
+-- every finished row of the table.
 WITH doomed AS (
     SELECT id FROM awa.jobs
-    WHERE (state = 'completed' AND finalized_at < now() - make_interval(secs => %(completed)s))
-       OR (state IN ('failed', 'cancelled')
-           AND finalized_at < now() - make_interval(secs => %(failed)s))
+    WHERE state IN ('completed', 'failed', 'cancelled')
+      AND finalized_at < now() - make_interval(secs => least(%(completed)s, %(failed)s))
+      AND finalized_at < now() - make_interval(secs => CASE WHEN state = 'completed'
+                                                          THEN %(completed)s
+                                                          ELSE %(failed)s END)
     ORDER BY finalized_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
