@@ -31,9 +31,9 @@ from awa.db import (
     sync_pool,
     translate_errors,
 )
-from awa.errors import AwaError, DatabaseError, ValidationError
+from awa.errors import AwaError, DatabaseError, SchemaNotMigrated, ValidationError
 from awa.followups import FollowUpRegistry
-from awa.health import HealthCheck, health_flow, runtime_health, unreachable
+from awa.health import HealthCheck, health_flow, runtime_health, schema_missing, unreachable
 from awa.hooks import HookDispatcher, HookRegistry
 from awa.insert import InsertKwargs, copy_flow, prepare_job, prepare_many, split_kwargs
 from awa.lifecycle import LifecycleRegistration
@@ -281,6 +281,8 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
         try:
             async with self.connection() as conn:
                 return await drive_async(conn, health_flow(runtime))
+        except SchemaNotMigrated:
+            return schema_missing(runtime)
         except DatabaseError as error:
             return unreachable(error, runtime)
 
@@ -449,6 +451,8 @@ class Client:
         try:
             with self.connection() as conn:
                 return drive_sync(conn, health_flow(None))
+        except SchemaNotMigrated:
+            return schema_missing(None)
         except DatabaseError as error:
             return unreachable(error, None)
 

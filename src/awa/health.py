@@ -92,6 +92,12 @@ def health_flow(runtime: RuntimeHealth | None) -> Flow[HealthCheck]:
     return HealthCheck(not problems, True, version, expected, leader, runtime, queues, problems)
 
 
+def schema_missing(runtime: RuntimeHealth | None) -> HealthCheck:
+    """The database answers but holds no awa schema."""
+    problem = "the awa schema does not exist in this database (run `awa migrate`)"
+    return HealthCheck(False, True, None, current_version(), None, runtime, [], [problem])
+
+
 def unreachable(error: Exception, runtime: RuntimeHealth | None) -> HealthCheck:
     return HealthCheck(
         False, False, None, current_version(), None, runtime, [], [f"database unreachable: {error}"]
