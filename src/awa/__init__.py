@@ -13,6 +13,7 @@ from awa.errors import (
     CallbackWaitError,
     DatabaseError,
     SchemaNotMigrated,
+    StagingError,
     TerminalError,
     UniqueConflict,
     ValidationError,
@@ -40,12 +41,16 @@ from awa.model import (
     UniqueOpts,
 )
 from awa.outcomes import CallbackToken, Cancel, RetryAfter, Snooze, WaitForCallback
+from awa.staging import MAX_OUTPUT_BYTES, MAX_STAGED_BYTES, MAX_STAGED_FOLLOW_UPS, StagedFollowUp
 from awa.transaction import SyncTransaction, Transaction
 from awa.worker.config import QueueConfig, RetryPolicy, RuntimeConfig
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "MAX_OUTPUT_BYTES",
+    "MAX_STAGED_BYTES",
+    "MAX_STAGED_FOLLOW_UPS",
     "AsyncClient",
     "AwaError",
     "CallbackNotFound",
@@ -76,6 +81,8 @@ __all__ = [
     "RuntimeConfig",
     "SchemaNotMigrated",
     "Snooze",
+    "StagedFollowUp",
+    "StagingError",
     "Started",
     "SyncTransaction",
     "TerminalError",

@@ -46,3 +46,10 @@ class CallbackNotFound(AwaError):
 class CallbackWaitError(AwaError):
     """``job.wait_for_callback()`` cannot return a payload: the token is stale, or the job
     was cancelled, rescued or resolved some other way while it waited."""
+
+
+class StagingError(TerminalError):
+    """``job.enqueue_on_completion()`` refused a follow-up: it would not insert, a limit
+    (``MAX_STAGED_FOLLOW_UPS``, ``MAX_STAGED_BYTES``) is reached, or the handler already
+    returned. Uncaught it fails the job now; caught, the attempt still fails terminally if
+    the handler then completes (it would complete without its follow-up)."""

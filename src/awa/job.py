@@ -6,13 +6,16 @@ import asyncio
 import datetime as dt
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, Unpack
 
+from awa import staging
 from awa.errors import CallbackWaitError, ValidationError
+from awa.insert import InsertKwargs
 from awa.model import JobRow, JobState
 from awa.outcomes import CallbackToken
 
 if TYPE_CHECKING:
+    from awa.staging import AttemptBuffer, StagedFollowUp
     from awa.worker.attempts import AttemptServices
 
 A = TypeVar("A")
@@ -49,8 +52,9 @@ class Job(Generic[A]):
     """One attempt of a job, as seen by its handler.
 
     Attributes mirror the claimed row (``attempt`` counts this attempt). The methods report
-    progress, and ``is_cancelled()`` tells a long handler to stop early: it turns true when
-    an operator cancels the job, its deadline passes, or the worker shuts down.
+    progress, stage follow-ups for the completion (``enqueue_on_completion``), record the
+    job's output, and ``is_cancelled()`` tells a long handler to stop early: it turns true
+    when an operator cancels the job, its deadline passes, or the worker shuts down.
     """
 
     __slots__ = (
@@ -60,11 +64,13 @@ class Job(Generic[A]):
         "_created_at",
         "_deadline",
         "_errors",
+        "_extras",
         "_metadata",
         "_progress",
         "_progress_version",
         "_rest",
         "_run_at",
+        "_sealed",
         "_services",
         "attempt",
         "id",
@@ -119,6 +125,8 @@ class Job(Generic[A]):
         self._services = services
         self._args: Any = None
         self._rest: tuple[Any, ...] = _NO_REST
+        self._extras: AttemptBuffer | None = None
+        self._sealed = False
 
     @classmethod
     def from_claim(cls, row: tuple[Any, ...], services: AttemptServices | None) -> Job[Any]:
@@ -151,6 +159,8 @@ class Job(Generic[A]):
         job._cancelled = False
         job._services = services
         job._args = None
+        job._extras = None
+        job._sealed = False
         return job
 
     @property
@@ -286,6 +296,39 @@ class Job(Generic[A]):
             raise TypeError("progress metadata is not an object and cannot be merged into")
         progress["metadata"] = {**current, **updates}
         self._replace_progress(progress)
+
+    def enqueue_on_completion(self, args: Any, **kwargs: Unpack[InsertKwargs]) -> StagedFollowUp:
+        """Stage a follow-up job, inserted in the same transaction as this attempt's
+        completion (after the registered ``Completed`` follow-ups, duplicates of a held
+        unique key skipped). Takes the keyword arguments of ``Transaction.insert``.
+
+        Only a completion inserts it: any other outcome discards it, and a retried attempt
+        starts with nothing staged. Validated now: raises ``awa.StagingError`` for what the
+        insert would reject, beyond ``MAX_STAGED_FOLLOW_UPS`` or ``MAX_STAGED_BYTES``, or
+        once the handler has returned. A handler that catches it and completes anyway fails
+        terminally.
+        """
+        return staging.stage(self, args, kwargs)
+
+    @property
+    def staged(self) -> tuple[StagedFollowUp, ...]:
+        """The follow-ups this attempt has staged so far."""
+        buffer = self._extras
+        return tuple(buffer.staged) if buffer is not None else ()
+
+    def record_output(self, value: Any) -> None:
+        """Record the job's output: a JSON value (or dataclass / pydantic model), stored on
+        the completed row (``get_job``, ``awa job get``) and carried by the ``Completed``
+        event; None clears it. Only a completion stores it. Raises ValidationError when it is
+        not JSON or larger than ``awa.MAX_OUTPUT_BYTES`` as JSON. Follow-ups get what they
+        need in their args: a job must not read another job's output."""
+        staging.record_output(self, value)
+
+    @property
+    def output(self) -> Any:
+        """The output recorded so far by this attempt (as JSON round-trips it), or None."""
+        buffer = self._extras
+        return buffer.output if buffer is not None else None
 
     def _replace_progress(self, progress: dict[str, Any]) -> None:
         # Refused here, where the handler sees it: once buffered, a value jsonb cannot hold

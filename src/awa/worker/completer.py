@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -20,7 +22,9 @@ from awa.errors import DatabaseError
 from awa.job import Job
 from awa.model import JobRow
 from awa.sql import query
+from awa.staging import output_json
 from awa.worker.config import RetryPolicy
+from awa.worker.outage import FailureLog, one_line
 from awa.worker.results import (
     Cancelled,
     Completed,
@@ -56,7 +60,7 @@ def outcome_statement(
     progress = progress_param(job)
     match outcome:
         case Completed():
-            return Statement(query("complete_job"), guard, _row)
+            return Statement(query("complete_job"), {**guard, "output": output_json(job)}, _row)
         case Retry(error=error, delay=delay, exhausted_error=exhausted):
             params = {
                 **guard,
@@ -91,13 +95,18 @@ def outcome_statement(
 # its completion as epoch seconds (None: the attempt was stale).
 Done = tuple[Job[Any], float, float | None]
 
+CLOSE_TIMEOUT = 5.0
+"""Seconds ``close()`` keeps retrying a flush while the database is unreachable."""
+
 
 class CompletionBatcher:
     """Collects completions and commits them many at a time.
 
     A flush starts when ``batch_size`` completions are waiting or ``linger`` seconds after
     the first one arrived. A flush that fails for a database reason is retried (the jobs stay
-    in flight and keep their heartbeat), so a short outage loses nothing.
+    in flight and keep their heartbeat), so a short outage loses nothing. A flush that fails
+    for any other reason, or is still failing when ``close()`` gives up, is dropped: its jobs
+    leave the in-flight set, stay ``running`` without a heartbeat, and rescue retries them.
     """
 
     def __init__(
@@ -117,6 +126,8 @@ class CompletionBatcher:
         self._idle = asyncio.Event()
         self._idle.set()
         self._closing = False
+        self._give_up_at = math.inf
+        self._failures = FailureLog(log, "completing jobs")
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -131,9 +142,11 @@ class CompletionBatcher:
         self._idle.clear()
         self._wakeup.set()
 
-    async def close(self) -> None:
-        """Flush everything pending, then stop."""
+    async def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
+        """Flush everything pending, then stop. While the database is unreachable a flush
+        is retried for ``timeout`` seconds at most; what is left then is given up."""
         self._closing = True
+        self._give_up_at = time.monotonic() + timeout
         self._wakeup.set()
         if self._task is not None:
             await self._task
@@ -152,29 +165,81 @@ class CompletionBatcher:
                 await asyncio.sleep(self._linger)
             batch = self._pending[: self._batch_size]
             try:
-                applied = await self._flush(batch)
-            except (DatabaseError, psycopg.Error) as error:
-                log.warning("completing %d jobs failed (%s); retrying", len(batch), error)
-                await asyncio.sleep(delay)
+                async with asyncio.timeout_at(self._deadline()):
+                    applied = await self._flush(batch)
+            except (DatabaseError, psycopg.Error, TimeoutError) as error:
+                if self._closing and time.monotonic() >= self._give_up_at:
+                    log.warning(
+                        "shutting down: gave up completing %d jobs (%s); they stay running "
+                        "and rescue retries them",
+                        len(self._pending),
+                        one_line(error),
+                    )
+                    self._drop(len(self._pending))
+                    continue
+                self._failures.failed(error, then="retrying; the jobs keep their heartbeat")
+                await asyncio.sleep(min(delay, max(0.0, self._give_up_at - time.monotonic())))
                 delay = min(delay * 2, 5.0)
                 continue
+            except Exception:
+                # Not an outage but a bug: retrying would fail forever and hold up every
+                # later completion. Drop this batch and go on.
+                log.exception(
+                    "completing %d jobs failed unexpectedly; they stay running and rescue "
+                    "retries them",
+                    len(batch),
+                )
+                self._drop(len(batch))
+                continue
+            self._failures.succeeded()
             delay = 0.05
             del self._pending[: len(batch)]
-            self._on_done(
+            self._report(
                 [(job, duration, applied.get((job.id, job.run_lease))) for job, duration in batch]
             )
 
+    def _deadline(self) -> float | None:
+        """When a flush in progress is abandoned: only while closing."""
+        if not self._closing:
+            return None
+        return asyncio.get_running_loop().time() + max(0.0, self._give_up_at - time.monotonic())
+
+    def _drop(self, count: int) -> None:
+        """Give up the first ``count`` pending completions (reported as not applied)."""
+        dropped = self._pending[:count]
+        del self._pending[:count]
+        self._report([(job, duration, None) for job, duration in dropped])
+
+    def _report(self, done: list[Done]) -> None:
+        try:
+            self._on_done(done)
+        except Exception:
+            log.exception("handling %d committed completions failed", len(done))
+
     async def _flush(self, batch: list[tuple[Job[Any], float]]) -> dict[tuple[int, int], float]:
-        jobs = sorted((job for job, _ in batch), key=lambda job: job.id)
-        # Integer arrays as literals: psycopg's list adapter costs microseconds per element.
-        params = {
-            "ids": "{" + ",".join([str(job.id) for job in jobs]) + "}",
-            "leases": "{" + ",".join([str(job.run_lease) for job in jobs]) + "}",
-        }
-        statement = Statement(
-            query("complete_batch"),
-            params,
-            lambda rows: {(row["id"], row["run_lease"]): row["finalized_at"] for row in rows},
-        )
+        statement = complete_batch_statement([job for job, _ in batch])
         async with self._connect() as conn:
             return await run_async(conn, statement)
+
+
+def complete_batch_statement(jobs: list[Job[Any]]) -> Statement[dict[tuple[int, int], float]]:
+    """Complete many attempts in one statement; decodes to the commit time (epoch seconds)
+    of each applied ``(id, run_lease)`` (the missing ones were stale).
+
+    Outputs travel as one NULL unless a job of the batch recorded one, so a batch without
+    outputs pays a single attribute check per job for them."""
+    jobs = sorted(jobs, key=lambda job: job.id)
+    outputs = None
+    if any(job._extras is not None for job in jobs):
+        outputs = [output_json(job) for job in jobs]
+    # Integer arrays as literals: psycopg's list adapter costs microseconds per element.
+    params = {
+        "ids": "{" + ",".join([str(job.id) for job in jobs]) + "}",
+        "leases": "{" + ",".join([str(job.run_lease) for job in jobs]) + "}",
+        "outputs": outputs,
+    }
+    return Statement(
+        query("complete_batch"),
+        params,
+        lambda rows: {(row["id"], row["run_lease"]): row["finalized_at"] for row in rows},
+    )

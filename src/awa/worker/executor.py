@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from concurrent.futures import Executor
 from typing import Any
 
+from awa import metrics, staging
 from awa.errors import TerminalError
 from awa.job import Job
 from awa.kinds import decode_args
@@ -24,6 +26,8 @@ from awa.worker.results import (
     format_error,
     storable_text,
 )
+
+log = logging.getLogger("awa.worker")
 
 SHUTDOWN_ERROR = "interrupted: the worker shut down before the handler finished"
 
@@ -62,7 +66,7 @@ def classify(result: object, job: Job[Any], duration: float) -> Outcome:
 async def run_attempt(
     job: Job[Any],
     task: Task | None,
-    threads: Executor,
+    threads: Executor | None,
     *,
     shutting_down: asyncio.Event,
 ) -> Outcome:
@@ -79,6 +83,7 @@ async def run_attempt(
         type_name = getattr(task.args_type, "__name__", str(task.args_type))
         return Fail(f"failed to decode args of kind {job.kind!r} into {type_name}: {error}")
     started = time.perf_counter()
+    outcome: Outcome
     try:
         if task.is_async:
             result = await task.handler(job)
@@ -87,17 +92,56 @@ async def run_attempt(
             result = await loop.run_in_executor(threads, task.handler, job)
     except asyncio.CancelledError as error:
         if shutting_down.is_set():
-            return Interrupted(SHUTDOWN_ERROR)
-        current = asyncio.current_task()
-        if current is not None and current.cancelling():
-            raise
-        # Nobody cancelled this attempt: the handler raised CancelledError itself. That is a
-        # crash like any other; re-raising it would kill the slot and strand the job.
-        return Retry(error=format_error(error))
+            outcome = Interrupted(SHUTDOWN_ERROR)
+        else:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise
+            # Nobody cancelled this attempt: the handler raised CancelledError itself. That
+            # is a crash like any other; re-raising it would kill the slot and strand the job.
+            outcome = Retry(error=format_error(error))
     except TerminalError as error:
-        return Fail(format_error(error))
+        outcome = Fail(format_error(error))
     except BaseException as error:
         if isinstance(error, KeyboardInterrupt | SystemExit) and shutting_down.is_set():
-            return Interrupted(SHUTDOWN_ERROR)
-        return Retry(error=format_error(error))
-    return classify(result, job, time.perf_counter() - started)
+            outcome = Interrupted(SHUTDOWN_ERROR)
+        else:
+            outcome = Retry(error=format_error(error))
+    else:
+        outcome = classify(result, job, time.perf_counter() - started)
+    # The handler has returned: staging closes. Jobs that staged and recorded nothing have
+    # no buffer (the common case costs this one check).
+    job._sealed = True
+    if job._extras is not None:
+        outcome = settle_staged(job, outcome)
+    return outcome
+
+
+def settle_staged(job: Job[Any], outcome: Outcome) -> Outcome:
+    """Apply the staging rules to an outcome: staged follow-ups and output survive only a
+    completion, and a completion after a failed stage fails the job terminally."""
+    buffer = staging.freeze(job)
+    if buffer is None:
+        return outcome
+    if isinstance(outcome, Completed):
+        if buffer.error is not None:
+            buffer.discard()
+            return Fail(
+                "awa.StagingError: the handler completed after a follow-up could not be "
+                f"staged (it would complete without its follow-up): {buffer.error}"
+            )
+        return outcome
+    dropped = buffer.discard()
+    if dropped and isinstance(outcome, Park):
+        log.warning(
+            "job %s (kind %s) parked on a callback: its %d staged follow-up(s) are discarded "
+            "(only a completion inserts them; to build a follow-up from the callback's payload, "
+            "wait with job.wait_for_callback() in the handler, then stage)",
+            job.id,
+            job.kind,
+            dropped,
+        )
+        metrics.staged_follow_ups_discarded.add(
+            dropped, {metrics.KIND: job.kind, metrics.QUEUE: job.queue}
+        )
+    return outcome

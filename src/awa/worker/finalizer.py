@@ -1,10 +1,10 @@
 """Committing one attempt's outcome with its follow-ups, and the event it produces.
 
-An outcome whose kind has follow-up specs for it runs in one transaction: the guarded
-transition, then the specs in registration order, then commit. If a closure raises or a
-follow-up cannot be inserted (a duplicate unique key excepted: it is skipped), everything
-rolls back and the job stays ``running`` until rescue. Outcomes without specs are a single
-guarded statement.
+An outcome whose kind has follow-up specs for it, and a completion that staged follow-ups,
+run in one transaction: the guarded transition, then the specs in registration order, then
+the staged follow-ups, then commit. If a closure raises or a follow-up cannot be inserted (a
+duplicate unique key excepted: it is skipped), everything rolls back and the job stays
+``running`` until rescue. Other outcomes are a single guarded statement.
 """
 
 from __future__ import annotations
@@ -16,10 +16,18 @@ from typing import Any
 
 import psycopg
 
+from awa import metrics
 from awa.db import Flow, Statement, drive_async, run_async
 from awa.errors import UniqueConflict
 from awa.events import Cancelled, Completed, Exhausted, JobEvent, Retried, WaitingForCallback
-from awa.followups import FollowUpRegistry, Trigger, TriggerContext, insert_follow_ups
+from awa.followups import (
+    FollowUpRegistry,
+    Trigger,
+    TriggerContext,
+    follow_up_flow,
+    insert_follow_ups,
+)
+from awa.insert import SkippingInsert
 from awa.job import Job
 from awa.model import JobRow, JobState
 from awa.sql import query
@@ -123,12 +131,43 @@ def event_for(
     return None
 
 
+def batched_completed_event(job: Job[Any], duration: float, finalized_at: float) -> Completed[Any]:
+    """The Completed event of a job completed on the batched path (no row is read back:
+    the claimed row, with what the completion changed)."""
+    buffer = job._extras
+    row = job.snapshot(
+        JobState.COMPLETED,
+        finalized_at=dt.datetime.fromtimestamp(finalized_at, dt.UTC),
+        heartbeat_at=None,
+        deadline_at=None,
+        progress=None,
+        output=buffer.output if buffer is not None else None,
+    )
+    return Completed(row, row.args, dt.timedelta(seconds=duration), row.output)
+
+
 @dataclasses.dataclass(slots=True)
 class Committed:
-    """A committed transition: the row and the event it produces (if any)."""
+    """A committed transition: the row, the event it produces (if any), and the follow-ups
+    inserted with it (the registered specs' first, then the staged ones)."""
 
     row: JobRow
     event: JobEvent[Any] | None
+    follow_ups: list[JobRow] = dataclasses.field(default_factory=list)
+    staged: SkippingInsert | None = None
+
+
+@dataclasses.dataclass(slots=True)
+class _Transition:
+    row: JobRow | None
+    follow_ups: list[JobRow]
+    staged: SkippingInsert | None
+
+
+def commits_staged(job: Job[Any], outcome: results.Outcome) -> bool:
+    """Whether ``outcome`` commits follow-ups the handler staged."""
+    buffer = job._extras
+    return buffer is not None and bool(buffer.staged) and isinstance(outcome, results.Completed)
 
 
 class Finalizer:
@@ -136,6 +175,10 @@ class Finalizer:
         self._follow_ups = follow_ups
 
     def needs_own_transaction(self, job: Job[Any], outcome: results.Outcome) -> bool:
+        """Whether the outcome commits with follow-ups (its kind has specs for it, or the
+        handler staged some); otherwise it is one statement, or a batched completion."""
+        if job._extras is not None and commits_staged(job, outcome):
+            return True
         if not self._follow_ups.has_kind(job.kind):
             return False
         return any(
@@ -155,7 +198,7 @@ class Finalizer:
         committed then.
         """
         try:
-            row = await self._transition(conn, job, outcome, retry)
+            done = await self._transition(conn, job, outcome, retry)
         except _OutcomeCollision:
             log.warning(
                 "job %s (%s): a newer job holds its unique key; cancelling this one",
@@ -168,12 +211,16 @@ class Finalizer:
                 return None
             superseded = TriggerContext(Trigger.CANCELLED, reason=SUPERSEDED_ERROR)
             return Committed(row, event_for(Trigger.CANCELLED, row, superseded, 0.0))
+        row = done.row
         if row is None:
             return None
+        if done.staged is not None:
+            _count_staged(job, done.staged)
         duration = outcome.duration if isinstance(outcome, results.Completed) else 0.0
         trigger = trigger_of(outcome, row)
         context = trigger_context(trigger, row, outcome) if trigger is not None else None
-        return Committed(row, event_for(trigger, row, context, duration))
+        event = event_for(trigger, row, context, duration)
+        return Committed(row, event, done.follow_ups, done.staged)
 
     async def _transition(
         self,
@@ -181,19 +228,42 @@ class Finalizer:
         job: Job[Any],
         outcome: results.Outcome,
         retry: RetryPolicy,
-    ) -> JobRow | None:
+    ) -> _Transition:
         flow = transition_flow(job, outcome, retry)
         if not self.needs_own_transaction(job, outcome):
-            return await _guarded(conn, flow)
+            return _Transition(await _guarded(conn, flow), [], None)
+        follow_ups: list[JobRow] = []
+        staged: SkippingInsert | None = None
         async with conn.transaction():
             row = await _guarded(conn, flow)
             trigger = trigger_of(outcome, row) if row is not None else None
             if row is None or trigger is None:
-                return row
+                return _Transition(row, [], None)
             specs = self._follow_ups.specs(trigger, job.kind)
             if specs:
-                await insert_follow_ups(conn, specs, row, trigger_context(trigger, row, outcome))
-        return row
+                context = trigger_context(trigger, row, outcome)
+                inserted = await insert_follow_ups(conn, specs, row, context)
+                follow_ups.extend(inserted.inserted)
+            # Staged follow-ups go in after the registered specs, with the same rules for
+            # duplicates. Only a completion has any left (settle_staged dropped the rest).
+            buffer = job._extras
+            if trigger is Trigger.COMPLETED and buffer is not None and buffer.staged:
+                staged = await drive_async(conn, follow_up_flow(buffer.prepared()))
+                follow_ups.extend(staged.inserted)
+        return _Transition(row, follow_ups, staged)
+
+
+def _count_staged(job: Job[Any], staged: SkippingInsert) -> None:
+    """Count a committed completion's staged follow-ups (after the commit)."""
+    attributes = {metrics.KIND: job.kind, metrics.QUEUE: job.queue}
+    if staged.inserted:
+        metrics.staged_follow_ups_committed.add(
+            len(staged.inserted), {**attributes, "awa.follow_up.result": "inserted"}
+        )
+    if staged.duplicates:
+        metrics.staged_follow_ups_committed.add(
+            len(staged.duplicates), {**attributes, "awa.follow_up.result": "duplicate"}
+        )
 
 
 async def _guarded(conn: psycopg.AsyncConnection[Any], flow: Flow[JobRow | None]) -> JobRow | None:

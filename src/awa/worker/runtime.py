@@ -32,10 +32,11 @@ from awa.worker.completer import CompletionBatcher, Done
 from awa.worker.config import QueueConfig, RuntimeConfig
 from awa.worker.dispatcher import QueueDispatcher
 from awa.worker.executor import run_attempt
-from awa.worker.finalizer import Committed, Finalizer
+from awa.worker.finalizer import Committed, Finalizer, batched_completed_event
 from awa.worker.heartbeat import Heartbeat
 from awa.worker.listener import Listener
 from awa.worker.maintenance import Duty, Maintenance, promotion_duty
+from awa.worker.outage import FailureLog, quiet_pool_reconnect_errors
 from awa.worker.registry import TaskRegistry
 from awa.worker.rescue import SWEEPS, Rescue, rescue_duty, retention_duty
 from awa.worker.results import Outcome
@@ -104,6 +105,7 @@ class Runtime:
         self._heartbeat: Heartbeat | None = None
         self._maintenance: Maintenance | None = None
         self._rescue_tasks: set[asyncio.Task[None]] = set()
+        self._save_failures = FailureLog(log, "saving outcomes")
         self._application_name = client.application_name
         self.completed = 0
         """Completions committed by this runtime (for progress displays and benchmarks)."""
@@ -162,6 +164,7 @@ class Runtime:
 
     async def start(self) -> None:
         url = await self._client.database_url()
+        quiet_pool_reconnect_errors("awa")
         self._completer.start()
         self._listener = Listener(
             url,
@@ -395,14 +398,16 @@ class Runtime:
         while True:
             try:
                 async with self._client.connection() as conn:
-                    return await self._finalizer.commit(conn, job, outcome, queue.retry)
+                    committed = await self._finalizer.commit(conn, job, outcome, queue.retry)
+                self._save_failures.succeeded()
+                return committed
             except DatabaseError as error:
                 if self._interrupting.is_set():
                     log.warning(
                         "job %s: outcome not saved (%s); rescue will retry it", job.id, error
                     )
                     return None
-                log.warning("job %s: saving its outcome failed (%s); retrying", job.id, error)
+                self._save_failures.failed(error, then="retrying; the jobs keep their heartbeat")
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
             except FollowUpError as error:
@@ -432,16 +437,7 @@ class Runtime:
                 continue
             completed.append((job.kind, job.queue))
             if hooks.wants(job.kind):
-                row = job.snapshot(
-                    JobState.COMPLETED,
-                    finalized_at=dt.datetime.fromtimestamp(finalized_at, dt.UTC),
-                    heartbeat_at=None,
-                    deadline_at=None,
-                    progress=None,
-                )
-                hooks.dispatch(
-                    events.Completed(row, row.args, dt.timedelta(seconds=duration), row.output)
-                )
+                hooks.dispatch(batched_completed_event(job, duration, finalized_at))
         self.completed += len(completed)
         metrics.count_by_kind(metrics.completed, completed)
 

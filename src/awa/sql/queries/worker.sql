@@ -63,11 +63,13 @@ SELECT (SELECT count(*) FROM released) AS released, (SELECT count(*) FROM notifi
 -- name: complete_batch
 -- Completes many attempts in one statement. Rows are locked in id order, the same order the
 -- heartbeat uses, so the two cannot deadlock. Returns the attempts that were applied; the
--- others were stale.
+-- others were stale. outputs is NULL (no job of the batch recorded one) or one JSON value
+-- per id, NULL for the jobs without output.
 WITH attempts AS (
-    SELECT * FROM unnest(%(ids)s::bigint[], %(leases)s::bigint[]) AS t(id, run_lease)
+    SELECT * FROM unnest(%(ids)s::bigint[], %(leases)s::bigint[], %(outputs)s::jsonb[])
+        AS t(id, run_lease, output)
 ), locked AS (
-    SELECT j.id FROM awa.jobs AS j
+    SELECT j.id, a.output FROM awa.jobs AS j
     JOIN attempts AS a ON a.id = j.id AND a.run_lease = j.run_lease
     WHERE j.state = 'running'
     ORDER BY j.id
@@ -75,15 +77,16 @@ WITH attempts AS (
 )
 UPDATE awa.jobs AS j
 SET state = 'completed', finalized_at = now(), heartbeat_at = NULL, deadline_at = NULL,
-    progress = NULL
+    progress = NULL, output = locked.output
 FROM locked
 WHERE j.id = locked.id
 RETURNING j.id, j.run_lease, extract(epoch FROM j.finalized_at)::float8 AS finalized_at
 
 -- name: complete_job
+-- output is what the handler recorded (NULL: none).
 UPDATE awa.jobs
 SET state = 'completed', finalized_at = now(), heartbeat_at = NULL, deadline_at = NULL,
-    progress = NULL
+    progress = NULL, output = %(output)s::jsonb
 WHERE id = %(id)s AND state = 'running' AND run_lease = %(lease)s
 RETURNING *
 
