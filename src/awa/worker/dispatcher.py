@@ -18,6 +18,7 @@ from typing import Any
 from awa.errors import AwaError
 from awa.job import Job
 from awa.worker.config import QueueConfig
+from awa.worker.outage import FailureLog
 
 log = logging.getLogger("awa.worker")
 
@@ -46,6 +47,7 @@ class QueueDispatcher:
         self._dispatcher: asyncio.Task[None] | None = None
         self._stopping = False
         self._slots: list[asyncio.Task[None]] = []
+        self._failures = FailureLog(log, f"claiming on queue {config.name}")
         self.claimed = 0
 
     @property
@@ -100,17 +102,16 @@ class QueueDispatcher:
                 except Exception as error:
                     # Whatever it is (database down, schema not migrated yet, a bug), the
                     # dispatcher must survive it: a dead dispatcher claims nothing, silently.
-                    log.warning(
-                        "queue %s: claiming failed (%s); retrying in %.1fs",
-                        self.config.name,
+                    self._failures.failed(
                         error,
-                        delay,
-                        exc_info=not isinstance(error, AwaError),
+                        then="retrying with backoff",
+                        traceback=not isinstance(error, AwaError),
                     )
                     await self._idle(delay)
                     delay = min(delay * 2, 5.0)
                     continue
                 delay = 0.1
+                self._failures.succeeded()
                 for job in jobs:
                     self._ready.put_nowait(job)
                 self.claimed += len(jobs)

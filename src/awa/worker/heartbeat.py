@@ -17,6 +17,7 @@ import psycopg
 from awa.db import connection_kwargs
 from awa.job import Job
 from awa.sql import query
+from awa.worker.outage import FailureLog
 
 log = logging.getLogger("awa.worker")
 
@@ -43,6 +44,7 @@ class Heartbeat:
         # Progress version last written per attempt, keyed by (id, run_lease): a new attempt
         # of the same job starts counting again and must not inherit the old one's entry.
         self._flushed_versions: dict[tuple[int, int], int] = {}
+        self._failures = FailureLog(log, "heartbeat")
         self.alive = False
         self.beats = 0
 
@@ -106,8 +108,9 @@ class Heartbeat:
                 for job, version in zip(chunk, versions, strict=True):
                     self._flushed_versions[job.id, job.run_lease] = version
             self.beats += 1
+            self._failures.succeeded()
         except psycopg.Error as error:
-            log.warning("heartbeat for %d running jobs failed: %s", len(jobs), error)
+            self._failures.failed(error, then=f"{len(jobs)} running jobs wait for their beat")
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None

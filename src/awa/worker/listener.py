@@ -19,6 +19,7 @@ import psycopg
 
 from awa.db import connection_kwargs
 from awa.sql import query
+from awa.worker.outage import FailureLog
 
 log = logging.getLogger("awa.worker")
 
@@ -46,6 +47,7 @@ class Listener:
         self._on_reconnect = on_reconnect
         self._task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
+        self._failures = FailureLog(log, "notification listener")
         self.connected = False
 
     async def start(self) -> None:
@@ -68,7 +70,7 @@ class Listener:
                     self._url, connect_timeout=10, **connection_kwargs(self._application_name)
                 )
             except psycopg.Error as error:
-                log.warning("cannot connect the notification listener (%s); polling", error)
+                self._failures.failed(error, then="polling until it reconnects")
                 self._ready.set()
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
@@ -78,15 +80,16 @@ class Listener:
                     await conn.execute(query("listen_channels"))
                     self.connected = True
                     delay = 0.2
+                    self._failures.succeeded()
                     if not first:
-                        log.info("notification listener reconnected")
+                        # A notification may have gone out while nobody listened.
                         self._on_reconnect()
                     first = False
                     self._ready.set()
                     async for notify in conn.notifies():
                         self._dispatch(notify.channel, notify.payload)
             except psycopg.Error as error:
-                log.warning("notification listener lost its connection (%s); polling", error)
+                self._failures.failed(error, then="polling until it reconnects")
             finally:
                 self.connected = False
             self._ready.set()
