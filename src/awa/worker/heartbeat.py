@@ -65,7 +65,12 @@ class Heartbeat:
             while True:
                 self._beat_now.wait(self._interval)
                 self._beat_now.clear()
-                self._beat()
+                try:
+                    self._beat()
+                except Exception:
+                    # Whatever it is, the thread must live on: without heartbeats every
+                    # running job of this process would be rescued.
+                    log.exception("heartbeat failed unexpectedly; it runs again next interval")
                 if self._stop.is_set():
                     break
         finally:
