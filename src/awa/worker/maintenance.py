@@ -20,6 +20,7 @@ from psycopg.rows import dict_row
 
 from awa.db import connection_kwargs
 from awa.sql import query
+from awa.worker.outage import FailureLog, one_line
 
 log = logging.getLogger("awa.maintenance")
 
@@ -32,6 +33,7 @@ class Duty:
     interval: float
     run: Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]]
     next_at: float = 0.0
+    failures: FailureLog | None = None
 
 
 class Maintenance:
@@ -50,6 +52,7 @@ class Maintenance:
         self._check_interval = check_interval
         self._duties = duties
         self._task: asyncio.Task[None] | None = None
+        self._failures = FailureLog(log, "maintenance connection")
         self.is_leader = False
 
     def start(self) -> None:
@@ -62,25 +65,39 @@ class Maintenance:
                 await self._task
 
     async def _run(self) -> None:
+        """Connect, then try for the lock every election interval on that connection (it
+        stays open between attempts); lead while it is held. Any failure (a lost
+        connection, anything unexpected) ends the term and starts over."""
+        interval = self._election_interval
         while True:
             try:
                 conn = await psycopg.AsyncConnection.connect(
                     self._url, connect_timeout=10, **connection_kwargs(self._application_name)
                 )
             except psycopg.Error as error:
-                log.warning("maintenance cannot connect (%s); retrying", error)
-                await asyncio.sleep(self._election_interval)
+                self._failures.failed(error, then=f"retrying every {interval:g}s")
+                await asyncio.sleep(interval)
                 continue
+            self._failures.succeeded()
             try:
                 async with conn:
-                    if await self._try_lock(conn):
-                        await self._lead(conn)
+                    while True:
+                        if await self._try_lock(conn):
+                            await self._lead(conn)
+                        await asyncio.sleep(interval)
             except psycopg.Error as error:
                 if self.is_leader:
-                    log.warning("maintenance leader lost its connection (%s)", error)
+                    log.warning(
+                        "maintenance leader lost its connection (%s); leadership passes on",
+                        one_line(error),
+                    )
+                else:
+                    self._failures.failed(error, then=f"reconnecting in {interval:g}s")
+            except Exception:
+                log.exception("maintenance failed unexpectedly; it starts over")
             finally:
                 self.is_leader = False
-            await asyncio.sleep(self._election_interval)
+            await asyncio.sleep(interval)
 
     async def _try_lock(self, conn: psycopg.AsyncConnection[Any]) -> bool:
         async with conn.cursor(row_factory=dict_row) as cursor:
@@ -114,16 +131,20 @@ class Maintenance:
             raise
 
     async def _run_duty(self, duty: Duty, conn: psycopg.AsyncConnection[Any]) -> None:
-        """Run one duty; a failing statement is logged and the duty tried again at its next
-        tick, while a lost connection ends this term as leader."""
+        """Run one duty; a failing duty is logged (once per episode) and tried again at its
+        next tick, while a lost connection ends this term as leader."""
+        if duty.failures is None:
+            duty.failures = FailureLog(log, f"maintenance duty {duty.name}")
         try:
             await duty.run(conn)
         except psycopg.OperationalError:
             raise
-        except psycopg.Error:
+        except Exception as error:
             if conn.closed:
                 raise
-            log.exception("maintenance duty %s failed; it runs again next tick", duty.name)
+            duty.failures.failed(error, then="it runs again next tick", traceback=True)
+        else:
+            duty.failures.succeeded()
 
 
 def promotion_duty(interval: float, batch_size: int) -> Duty:
