@@ -45,6 +45,40 @@ RETURNING j.id, j.kind, j.queue, j.args, j.priority, j.attempt, j.max_attempts, 
           extract(epoch FROM j.callback_timeout_at)::float8, j.callback_filter,
           j.callback_on_complete, j.callback_on_fail, j.callback_transform
 
+-- name: claim_one
+-- awa.testing's claim: the first due job of the given kinds (and queue, when given), with
+-- the same changes and the same returned columns as claim_jobs (a test holds them equal).
+WITH picked AS (
+    SELECT id FROM awa.jobs AS c
+    WHERE state = 'available' AND run_at <= now() AND kind = ANY(%(kinds)s::text[])
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+      AND NOT EXISTS (SELECT 1 FROM awa.queues AS q WHERE q.queue = c.queue AND q.paused)
+    ORDER BY priority, run_at, id
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE awa.jobs AS j
+SET state = 'running',
+    attempt = j.attempt + 1,
+    run_lease = j.run_lease + 1,
+    attempted_at = now(),
+    heartbeat_at = now(),
+    deadline_at = CASE
+        WHEN COALESCE(j.deadline_duration, %(deadline)s::interval) > interval '0'
+        THEN now() + COALESCE(j.deadline_duration, %(deadline)s::interval)
+    END
+FROM picked
+WHERE j.id = picked.id AND j.state = 'available'
+RETURNING j.id, j.kind, j.queue, j.args, j.priority, j.attempt, j.max_attempts, j.run_lease,
+          extract(epoch FROM j.run_at)::float8,
+          extract(epoch FROM j.created_at)::float8,
+          extract(epoch FROM j.attempted_at)::float8,
+          extract(epoch FROM j.deadline_at)::float8,
+          NULLIF(j.errors, '[]'::jsonb), NULLIF(j.metadata, '{}'::jsonb), j.tags, j.progress,
+          j.deadline_duration, j.unique_key, j.unique_states, j.ordering_key, j.callback_id,
+          extract(epoch FROM j.callback_timeout_at)::float8, j.callback_filter,
+          j.callback_on_complete, j.callback_on_fail, j.callback_transform
+
 -- name: release_unstarted
 -- Claimed jobs that never reached a handler (shutdown) go back to available, giving back the
 -- attempt the claim took. Their queues are notified so other workers take them at once.
