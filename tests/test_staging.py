@@ -100,7 +100,7 @@ async def test_founding_example_inserts_the_staged_follow_up_after_the_specs(
     inserted = Counters.capture(COMMITTED, **{"awa.follow_up.result": "inserted"})
 
     @client.task(StageA, queue="stage_a")
-    async def resolve(job):  # type: ignore[no-untyped-def]
+    async def resolve(job):
         item_id = await resolve_item(job.args)
         job.enqueue_on_completion(StageB(item_id=item_id), unique_opts={})
 
