@@ -60,6 +60,7 @@ class Job(Generic[A]):
     __slots__ = (
         "_args",
         "_attempted_at",
+        "_callback_id",
         "_cancelled",
         "_created_at",
         "_deadline",
@@ -123,6 +124,7 @@ class Job(Generic[A]):
         self._progress_version = 0
         self._cancelled = False
         self._services = services
+        self._callback_id: str | None = None
         self._args: Any = None
         self._rest: tuple[Any, ...] = _NO_REST
         self._extras: AttemptBuffer | None = None
@@ -158,6 +160,7 @@ class Job(Generic[A]):
         job._progress_version = 0
         job._cancelled = False
         job._services = services
+        job._callback_id = None
         job._args = None
         job._extras = None
         job._sealed = False
@@ -372,7 +375,13 @@ class Job(Generic[A]):
             raise CallbackWaitError(
                 f"job {self.id} is no longer running this attempt; cannot register a callback"
             )
+        self._callback_id = token.id
         return token
+
+    def _holds_callback(self, callback_id: str) -> bool:
+        """Whether ``callback_id`` is the callback this attempt registered last (the only
+        one it may park or wait on; an earlier one was replaced)."""
+        return self._callback_id is not None and self._callback_id == callback_id
 
     async def wait_for_callback(self, token: CallbackToken) -> Any:
         """Wait, keeping this handler's slot, until ``resume_external(token.id, payload)``;

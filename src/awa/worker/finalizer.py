@@ -85,8 +85,13 @@ def transition_flow(
     """The guarded statement(s) that commit ``outcome``; the new row, or None if stale.
 
     Returning WaitForCallback with a token the attempt does not hold fails the job."""
-    row: JobRow | None = yield outcome_statement(job, outcome, retry)
+    row: JobRow | None = None
+    if not isinstance(outcome, results.Park) or job._holds_callback(outcome.callback_id):
+        row = yield outcome_statement(job, outcome, retry)
     if row is None and isinstance(outcome, results.Park):
+        # A token this attempt did not register last: never registered, replaced, or one
+        # an earlier attempt used. (The park statement alone cannot tell the last from a
+        # token resumed in an earlier attempt, whose payload is still in the metadata.)
         params = {"id": job.id, "lease": job.run_lease, "progress": progress_param(job)}
         row = yield Statement(query("fail_unregistered_wait"), params, _row)
     return row
