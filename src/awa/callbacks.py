@@ -327,7 +327,20 @@ async def wait_for_callback(services: Any, job: Any, token: CallbackToken) -> An
     (woken by the awa_callbacks notification, or by polling) and take its payload."""
     if not isinstance(token, CallbackToken):
         raise TypeError("wait_for_callback() takes the token returned by register_callback()")
+    if not job._holds_callback(token.id):
+        # Checked here: the row may still hold the payload of an earlier resume, which a
+        # wait on a token this attempt does not hold must not return.
+        raise CallbackWaitError(
+            f"callback token {token.id} is stale: it is not the callback job {job.id} "
+            "registered last in this attempt (register again and wait on the new token)"
+        )
     await services.execute(enter_wait_statement(job.id, job.run_lease, token))
+    payload = await _wait_for_resume(services, job, token)
+    job._callback_id = None  # consumed: waiting on it again is waiting on a stale token
+    return payload
+
+
+async def _wait_for_resume(services: Any, job: Any, token: CallbackToken) -> Any:
     while True:
         state: WaitState | None = await services.execute(wait_state_statement(job.id))
         if state is None:
