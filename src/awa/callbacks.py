@@ -8,6 +8,7 @@ the resolution's transaction and dispatch hooks once it commits.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import uuid
@@ -314,6 +315,11 @@ def enter_wait_statement(job_id: int, run_lease: int, token: CallbackToken) -> S
     return Statement(query("enter_callback_wait"), params, bool)
 
 
+def leave_wait_statement(job_id: int, run_lease: int, token: CallbackToken) -> Statement[bool]:
+    params = {"id": job_id, "lease": run_lease, "callback_id": token.id}
+    return Statement(query("leave_callback_wait"), params, bool)
+
+
 def take_result_statement(job_id: int, run_lease: int) -> Statement[bool]:
     return Statement(query("take_callback_result"), {"id": job_id, "lease": run_lease}, bool)
 
@@ -335,7 +341,15 @@ async def wait_for_callback(services: Any, job: Any, token: CallbackToken) -> An
             "registered last in this attempt (register again and wait on the new token)"
         )
     await services.execute(enter_wait_statement(job.id, job.run_lease, token))
-    payload = await _wait_for_resume(services, job, token)
+    try:
+        payload = await _wait_for_resume(services, job, token)
+    except BaseException:
+        # Leaving the wait without a payload (the worker shuts down, the handler is
+        # interrupted): a row still parked in this wait goes back to running, so that the
+        # attempt's own outcome applies instead of leaving a parked job nobody waits for.
+        with contextlib.suppress(Exception):
+            await services.execute(leave_wait_statement(job.id, job.run_lease, token))
+        raise
     job._callback_id = None  # consumed: waiting on it again is waiting on a stale token
     return payload
 

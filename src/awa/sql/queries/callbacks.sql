@@ -59,6 +59,15 @@ WHERE id = %(id)s AND state = 'running' AND run_lease = %(lease)s
   AND callback_id = %(callback_id)s::uuid
 RETURNING id
 
+-- name: leave_callback_wait
+-- The handler stopped waiting without a payload (shutdown, interruption): the row goes back
+-- to running, callback kept, so the attempt's outcome applies to it as to any running job.
+UPDATE awa.jobs
+SET state = 'running', callback_in_handler = false, heartbeat_at = now()
+WHERE id = %(id)s AND state = 'waiting_external' AND run_lease = %(lease)s
+  AND callback_in_handler AND callback_id = %(callback_id)s::uuid
+RETURNING id
+
 -- name: callback_wait_state
 SELECT state::text AS state, run_lease, callback_id,
        metadata ? '_awa_callback_result' AS resumed,
