@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any, Literal
 
 import celpy
@@ -97,9 +98,12 @@ def _to_python(value: Any) -> Any:
         return bool(value)
     if isinstance(value, celpy.celtypes.IntType | celpy.celtypes.UintType):
         return int(value)
-    if isinstance(value, celpy.celtypes.DoubleType):
+    if isinstance(value, celpy.celtypes.DoubleType | float):
+        # celpy returns plain floats (and strings) from some operators, e.g. 2.0 * x.
+        if not math.isfinite(value):
+            raise TypeError("a NaN or infinite CEL result has no JSON form")
         return float(value)
-    if isinstance(value, celpy.celtypes.StringType):
+    if isinstance(value, celpy.celtypes.StringType | str):
         return str(value)
     if isinstance(value, celpy.celtypes.MapType):
         return {str(_to_python(key)): _to_python(item) for key, item in value.items()}
