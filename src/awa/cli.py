@@ -642,7 +642,7 @@ if __name__ == "__main__":
 
 def _register_command_modules() -> None:
     # These modules add their commands to `main` when imported.
-    from awa import bench, demo, health_command  # noqa: F401
+    from awa import bench, callbacks_cli, demo, health_command  # noqa: F401
     from awa.worker import command  # noqa: F401
 
 

@@ -1,0 +1,281 @@
+"""An HTTP receiver for external callbacks: an ASGI app (Starlette) to mount in your web
+app, or to run on its own with ``awa callbacks serve``.
+
+Endpoints (``POST``, JSON bodies, every field optional unless noted)::
+
+    /callbacks/{id}/complete   {"payload": ..., "run_lease": n}
+    /callbacks/{id}/fail       {"error": "text" (required), "run_lease": n}
+    /callbacks/{id}/retry      {"run_lease": n}
+    /callbacks/{id}/resume     {"payload": ..., "run_lease": n}
+    /callbacks/{id}/resolve    {"payload": ..., "default_action": "ignore", "run_lease": n}
+    /callbacks/{id}/heartbeat  {"timeout_seconds": 3600}
+
+Responses are JSON: the job's id and state after the transition (``resolve`` adds its
+``outcome``); 404 when no job holds the callback, 400 for bad input, 401 for a missing or
+bad signature, 500 when a follow-up failed (the resolution was rolled back: send again).
+
+Requests are signed with a shared secret: HMAC-SHA256 over
+``timestamp + "." + METHOD + " " + path + "." + body``, sent as ``X-Awa-Timestamp`` (Unix
+seconds) and ``X-Awa-Signature: sha256=<hex>``; timestamps more than five minutes off are
+refused. ``sign_request`` builds the headers. Resolutions go through the given
+``AsyncClient``: its lifecycle hooks and follow-ups fire as for a call in your code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from awa.callbacks import ResolveResult
+from awa.client import AsyncClient
+from awa.errors import CallbackNotFound, DatabaseError, ValidationError
+from awa.followups import FollowUpError
+from awa.model import JobRow
+
+__all__ = [
+    "MAX_BODY_BYTES",
+    "MAX_SKEW_SECONDS",
+    "SIGNATURE_HEADER",
+    "TIMESTAMP_HEADER",
+    "SignatureError",
+    "create_app",
+    "sign_request",
+    "verify_signature",
+]
+
+SIGNATURE_HEADER = "X-Awa-Signature"
+TIMESTAMP_HEADER = "X-Awa-Timestamp"
+MAX_SKEW_SECONDS = 300
+"""Signed requests whose timestamp is further than this from the server's clock are refused."""
+MAX_BODY_BYTES = 1024 * 1024
+
+Secret = str | bytes
+
+
+class SignatureError(Exception):
+    """The request's signature is missing, malformed, stale or wrong."""
+
+
+def _key(secret: Secret) -> bytes:
+    key = secret.encode() if isinstance(secret, str) else bytes(secret)
+    if not key:
+        raise ValueError("the callback secret must not be empty")
+    return key
+
+
+def _signed_bytes(timestamp: str, method: str, path: str, body: bytes) -> bytes:
+    return f"{timestamp}.{method.upper()} {path}.".encode() + body
+
+
+def _digest(secret: Secret, timestamp: str, method: str, path: str, body: bytes) -> str:
+    message = _signed_bytes(timestamp, method, path, body)
+    return hmac.new(_key(secret), message, hashlib.sha256).hexdigest()
+
+
+def sign_request(
+    secret: Secret,
+    method: str,
+    path: str,
+    body: bytes | str,
+    timestamp: int | float | None = None,
+) -> dict[str, str]:
+    """The signature headers for a request: ``path`` as the server receives it (e.g.
+    ``/callbacks/<id>/complete``, without scheme, host or query) and ``body`` exactly as
+    sent."""
+    raw = body.encode() if isinstance(body, str) else bytes(body)
+    stamp = str(int(time.time() if timestamp is None else timestamp))
+    return {
+        TIMESTAMP_HEADER: stamp,
+        SIGNATURE_HEADER: "sha256=" + _digest(secret, stamp, method, path, raw),
+    }
+
+
+def verify_signature(
+    secret: Secret,
+    method: str,
+    path: str,
+    body: bytes,
+    headers: Mapping[str, str],
+    *,
+    now: float | None = None,
+) -> None:
+    """Raise SignatureError unless ``headers`` carry a valid, fresh signature."""
+    stamp = headers.get(TIMESTAMP_HEADER) or headers.get(TIMESTAMP_HEADER.lower())
+    signature = headers.get(SIGNATURE_HEADER) or headers.get(SIGNATURE_HEADER.lower())
+    if not stamp or not signature:
+        raise SignatureError(f"missing {TIMESTAMP_HEADER} or {SIGNATURE_HEADER} header")
+    try:
+        sent_at = int(stamp)
+    except ValueError:
+        raise SignatureError(f"{TIMESTAMP_HEADER} must be Unix seconds") from None
+    current = time.time() if now is None else now
+    if abs(current - sent_at) > MAX_SKEW_SECONDS:
+        raise SignatureError(
+            f"{TIMESTAMP_HEADER} is more than {MAX_SKEW_SECONDS} seconds from the server's clock"
+        )
+    scheme, _, hex_digest = signature.partition("=")
+    if scheme != "sha256" or not hex_digest:
+        raise SignatureError(f"{SIGNATURE_HEADER} must be sha256=<hex digest>")
+    expected = _digest(secret, stamp, method, path, body)
+    if not hmac.compare_digest(expected, hex_digest.strip().lower()):
+        raise SignatureError("signature does not match")
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def _job_json(job: JobRow) -> dict[str, Any]:
+    return {
+        "job_id": job.id,
+        "kind": job.kind,
+        "queue": job.queue,
+        "state": job.state.value,
+        "attempt": job.attempt,
+        "max_attempts": job.max_attempts,
+        "run_lease": job.run_lease,
+        "callback_timeout_at": (
+            job.callback_timeout_at.isoformat() if job.callback_timeout_at is not None else None
+        ),
+    }
+
+
+# What each action accepts in its body, and how it resolves the callback.
+_FIELDS: dict[str, frozenset[str]] = {
+    "complete": frozenset({"payload", "run_lease"}),
+    "fail": frozenset({"error", "run_lease"}),
+    "retry": frozenset({"run_lease"}),
+    "resume": frozenset({"payload", "run_lease"}),
+    "resolve": frozenset({"payload", "default_action", "run_lease"}),
+    "heartbeat": frozenset({"timeout_seconds"}),
+}
+
+Action = Callable[[AsyncClient, str, dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+async def _complete(client: AsyncClient, cb: str, body: dict[str, Any]) -> dict[str, Any]:
+    return _job_json(await client.complete_external(cb, body.get("payload"), body.get("run_lease")))
+
+
+async def _fail(client: AsyncClient, cb: str, body: dict[str, Any]) -> dict[str, Any]:
+    error = body.get("error")
+    if not isinstance(error, str) or not error:
+        raise ValidationError('fail needs "error": a non-empty string')
+    return _job_json(await client.fail_external(cb, error, body.get("run_lease")))
+
+
+async def _retry(client: AsyncClient, cb: str, body: dict[str, Any]) -> dict[str, Any]:
+    return _job_json(await client.retry_external(cb, body.get("run_lease")))
+
+
+async def _resume(client: AsyncClient, cb: str, body: dict[str, Any]) -> dict[str, Any]:
+    return _job_json(await client.resume_external(cb, body.get("payload"), body.get("run_lease")))
+
+
+async def _resolve(client: AsyncClient, cb: str, body: dict[str, Any]) -> dict[str, Any]:
+    result: ResolveResult = await client.resolve_callback(
+        cb, body.get("payload"), body.get("default_action", "ignore"), body.get("run_lease")
+    )
+    answer: dict[str, Any] = {"outcome": result.outcome, "reason": result.reason}
+    if result.is_completed():
+        answer["payload"] = result.payload
+    if result.job is not None:
+        answer.update(_job_json(result.job))
+    return answer
+
+
+async def _heartbeat(client: AsyncClient, cb: str, body: dict[str, Any]) -> dict[str, Any]:
+    timeout = body.get("timeout_seconds", 3600.0)
+    return _job_json(await client.heartbeat_callback(cb, timeout))
+
+
+_ACTIONS: dict[str, Action] = {
+    "complete": _complete,
+    "fail": _fail,
+    "retry": _retry,
+    "resume": _resume,
+    "resolve": _resolve,
+    "heartbeat": _heartbeat,
+}
+
+
+def _parse_body(raw: bytes, action: str) -> dict[str, Any]:
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ValidationError(f"the body is not valid JSON: {error}") from None
+    if not isinstance(body, dict):
+        raise ValidationError("the body must be a JSON object")
+    unknown = sorted(set(body) - _FIELDS[action])
+    if unknown:
+        allowed = ", ".join(sorted(_FIELDS[action])) or "nothing"
+        raise ValidationError(f"{action} does not take {', '.join(unknown)} (it takes {allowed})")
+    return body
+
+
+def create_app(
+    client: AsyncClient,
+    *,
+    secret: Secret | None = None,
+    allow_unsigned: bool = False,
+    prefix: str = "/callbacks",
+) -> Starlette:
+    """The callback receiver as an ASGI app. Mount it in your own app (Starlette's
+    ``Mount``, FastAPI's ``app.mount``) or serve it with uvicorn.
+
+    ``secret`` is the shared signing key; without one, ``allow_unsigned=True`` must say
+    that unsigned requests are fine (a private network, a proxy that authenticates). With
+    both, unsigned requests pass and signed ones must be valid. The client is not closed
+    by the app: close it when your app shuts down.
+    """
+    if secret is None and not allow_unsigned:
+        raise ValueError("give the callback secret, or allow_unsigned=True to accept any request")
+    if secret is not None:
+        _key(secret)
+    prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
+
+    async def receive(request: Request) -> JSONResponse:
+        callback_id = request.path_params["callback_id"]
+        action = request.path_params["action"]
+        if action not in _ACTIONS:
+            return _error(404, f"unknown action {action!r}: use one of {', '.join(_ACTIONS)}")
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+            return _error(413, f"the body is larger than {MAX_BODY_BYTES} bytes")
+        raw = await request.body()
+        if len(raw) > MAX_BODY_BYTES:
+            return _error(413, f"the body is larger than {MAX_BODY_BYTES} bytes")
+        signed = SIGNATURE_HEADER in request.headers or TIMESTAMP_HEADER in request.headers
+        if secret is not None and (signed or not allow_unsigned):
+            try:
+                verify_signature(secret, request.method, request.url.path, raw, request.headers)
+            except SignatureError as error:
+                return _error(401, str(error))
+        try:
+            body = _parse_body(raw, action)
+            answer = await _ACTIONS[action](client, callback_id, body)
+        except CallbackNotFound as error:
+            return _error(404, str(error))
+        except ValidationError as error:
+            return _error(400, str(error))
+        except FollowUpError as error:
+            return _error(
+                500, f"a follow-up failed, so the {action} was rolled back (send it again): {error}"
+            )
+        except DatabaseError as error:
+            return _error(503, str(error))
+        return JSONResponse({"callback_id": callback_id, "action": action, **answer})
+
+    route = Route(prefix + "/{callback_id}/{action}", receive, methods=["POST"])
+    return Starlette(routes=[route])
