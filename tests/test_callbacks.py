@@ -1311,3 +1311,46 @@ async def test_shutdown_while_waiting_does_not_strand_the_job(
     # interrupted before it noticed).
     assert db["state"] in ("retryable", "available"), db["state"]
     assert db["callback_in_handler"] is False
+
+
+async def test_def_handlers_register_and_wait_with_the_sync_forms(
+    client: awa.AsyncClient, conn: Conn
+) -> None:
+    """A plain def handler (run on a thread) registers with register_callback_sync and
+    parks, or waits with wait_for_callback_sync; the async forms refuse to be misused."""
+
+    @dataclasses.dataclass
+    class Waits:
+        pass
+
+    results: list[Any] = []
+    misuse: list[str] = []
+
+    @client.task(Payment, queue=QUEUE)
+    def pay(job: awa.Job[Payment]) -> awa.WaitForCallback:
+        return awa.WaitForCallback(job.register_callback_sync(timeout_seconds=60))
+
+    @client.task(Waits, queue=QUEUE)
+    def waits(job: awa.Job[Waits]) -> None:
+        token = job.register_callback_sync()
+        results.append(job.wait_for_callback_sync(token))
+
+    @client.task(Receipt, queue=QUEUE)
+    async def misused(job: awa.Job[Receipt]) -> None:
+        try:
+            job.register_callback_sync()
+        except RuntimeError as error:
+            misuse.append(str(error))
+
+    await start(client, payments())
+    parked, callback_id = await parked_job(client, conn)
+    assert (await client.complete_external(callback_id)).state is awa.JobState.COMPLETED
+    waiting = await client.insert(Waits(), queue=QUEUE)
+    await wait_for_state(conn, waiting.id, "waiting_external")
+    await client.resume_external(str(row(conn, waiting.id)["callback_id"]), {"ok": True})
+    await wait_for_state(conn, waiting.id, "completed")
+    assert results == [{"ok": True}]
+    other = await client.insert(Receipt(1, parked.id), queue=QUEUE)
+    await wait_for_state(conn, other.id, "completed")
+    [message] = misuse
+    assert "await the async form" in message

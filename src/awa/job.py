@@ -393,6 +393,37 @@ class Job(Generic[A]):
         services = self._require_services("wait_for_callback")
         return await callbacks.wait_for_callback(services, self, token)
 
+    def register_callback_sync(
+        self,
+        timeout_seconds: float = 3600.0,
+        filter: str | None = None,
+        on_complete: str | None = None,
+        on_fail: str | None = None,
+        transform: str | None = None,
+    ) -> CallbackToken:
+        """``register_callback()`` for plain ``def`` handlers running in a worker thread."""
+        coroutine = self.register_callback(timeout_seconds, filter, on_complete, on_fail, transform)
+        return self._run_from_thread("register_callback_sync", coroutine)  # type: ignore[no-any-return]
+
+    def wait_for_callback_sync(self, token: CallbackToken) -> Any:
+        """``wait_for_callback()`` for plain ``def`` handlers (blocks the handler's thread)."""
+        return self._run_from_thread("wait_for_callback_sync", self.wait_for_callback(token))
+
+    def _run_from_thread(self, name: str, coroutine: Any) -> Any:
+        try:
+            services = self._require_services(name)
+            in_loop = True
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:
+                in_loop = False  # a worker thread, as it should be
+            if in_loop:
+                raise RuntimeError(f"{name}() is for def handlers; await the async form instead")
+        except RuntimeError:
+            coroutine.close()
+            raise
+        return asyncio.run_coroutine_threadsafe(coroutine, services.loop).result()
+
     @property
     def callback_result(self) -> Any:
         """The payload ``resume_external`` handed to a job parked by WaitForCallback (it
