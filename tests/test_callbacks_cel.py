@@ -83,6 +83,7 @@ def test_errors_in_conditions_count_as_false(broken: str) -> None:
         ("double(payload.amount_cents) * 0.5", 2100.0),
         ('payload.id + "_x"', "ch_1_x"),
         ("1.0 / 0.0", {"amount_cents": 4200, "id": "ch_1"}),  # infinite: the payload
+        ('"nul \\u0000 byte"', {"amount_cents": 4200, "id": "ch_1"}),  # not storable
         (
             '{"id": payload.id, "ok": true, "tags": [1, "x", null]}',
             {"id": "ch_1", "ok": True, "tags": [1, "x", None]},

@@ -20,6 +20,7 @@ from celpy.evaluation import CELEvalError
 from lark import Token, Tree
 
 from awa.errors import ValidationError
+from awa.kinds import dump_json
 
 VARIABLE = "payload"
 _MACROS = frozenset({"all", "exists", "exists_one", "map", "filter"})
@@ -167,6 +168,7 @@ def decide(
         if transform is not None:
             try:
                 result = evaluate(transform, payload)
+                dump_json(result, "transform")  # storable as the job's output (no NUL)
             except Exception:
                 result = payload
         return Decision("complete", payload=result)
