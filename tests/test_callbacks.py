@@ -1354,3 +1354,20 @@ async def test_def_handlers_register_and_wait_with_the_sync_forms(
     await wait_for_state(conn, other.id, "completed")
     [message] = misuse
     assert "await the async form" in message
+
+
+async def test_stale_heartbeat_rescue_drops_a_registered_callback(
+    client: awa.AsyncClient, conn: Conn
+) -> None:
+    """E12: a running job that registered a callback and whose worker died is rescued by
+    the heartbeat sweep; its callback goes with the attempt."""
+    register_parking_task(client)
+    job_id, callback_id = await insert_parked(client, conn, state="running")
+    conn.execute(
+        "UPDATE awa.jobs SET heartbeat_at = now() - interval '1 hour' WHERE id = %s", (job_id,)
+    )
+    await start(client, payments(), heartbeat_rescue_interval=0.1, leader_election_interval=0.1)
+    db = await wait_for_state(conn, job_id, "retryable")
+    assert_callback_cleared(db)
+    with pytest.raises(awa.CallbackNotFound):
+        await client.complete_external(callback_id)
