@@ -29,6 +29,7 @@ from awa.events import (
     Started,
     WaitingForCallback,
 )
+from awa.followups import FollowUpError
 from awa.health import HealthCheck
 from awa.insert import InsertKwargs
 from awa.job import Job
@@ -63,6 +64,7 @@ __all__ = [
     "DatabaseError",
     "EnqueueRequest",
     "Exhausted",
+    "FollowUpError",
     "HealthCheck",
     "InsertKwargs",
     "InsertOpts",

@@ -23,6 +23,7 @@ import psycopg
 
 from awa import metrics
 from awa.db import Flow, drive_async
+from awa.errors import AwaError
 from awa.events import RescueReason
 from awa.insert import PreparedJob, SkippingInsert, insert_skipping_duplicates_flow, prepare_job
 from awa.kinds import decode_args
@@ -63,7 +64,7 @@ class TriggerContext:
         return ()
 
 
-class FollowUpError(Exception):
+class FollowUpError(AwaError):
     """A spec could not produce its follow-up: the transition is rolled back with it."""
 
 
