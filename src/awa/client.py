@@ -52,6 +52,10 @@ if TYPE_CHECKING:
     from awa.worker.runtime import Runtime
 
 H = TypeVar("H", bound=Callable[..., Any])
+
+HEALTH_CHECK_TIMEOUT = 5.0
+"""Seconds a health check waits for a pooled connection before reporting the database
+unreachable."""
 QueuesSpec = Iterable[Any] | Mapping[str, int | Mapping[str, Any]] | None
 
 
@@ -279,8 +283,12 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
         listener and heartbeat alive, and each queue's backlog and lag."""
         runtime = runtime_health(self._runtime)
         try:
-            async with self.connection() as conn:
-                return await drive_async(conn, health_flow(runtime))
+            pool = await self.pool()
+            # A short wait for a connection: while the database is down the pool would
+            # otherwise hold the check for its whole timeout (30 s).
+            with translate_errors():
+                async with pool.connection(timeout=HEALTH_CHECK_TIMEOUT) as conn:
+                    return await drive_async(conn, health_flow(runtime))
         except SchemaNotMigrated:
             return schema_missing(runtime)
         except DatabaseError as error:
@@ -449,7 +457,8 @@ class Client:
         """Database reachable and migrated, a maintenance leader somewhere, each queue's
         backlog and lag."""
         try:
-            with self.connection() as conn:
+            pool = self.pool()
+            with translate_errors(), pool.connection(timeout=HEALTH_CHECK_TIMEOUT) as conn:
                 return drive_sync(conn, health_flow(None))
         except SchemaNotMigrated:
             return schema_missing(None)
