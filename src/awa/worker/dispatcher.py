@@ -26,6 +26,9 @@ log = logging.getLogger("awa.worker")
 # the slots are expected to finish within this window.
 PREFETCH_WINDOW = 0.05
 
+# How long shutdown waits for a claim in progress before cancelling it.
+STOP_GRACE = 5.0
+
 
 class QueueDispatcher:
     def __init__(
@@ -146,16 +149,28 @@ class QueueDispatcher:
                 if ready.qsize() <= self._prefetch_allowance() // 2:
                     self._wake.set()
 
-    async def stop_claiming(self) -> list[Job[Any]]:
+    async def stop_claiming(self, grace: float = STOP_GRACE) -> list[Job[Any]]:
         """Stop the dispatcher; returns the claimed jobs no slot has started.
 
         The dispatcher is stopped by a flag, not cancelled: a claim in progress finishes and
         its jobs land in the buffer, so a claim committed in the database is never lost.
+        Only a claim still unfinished after ``grace`` seconds (the database is unreachable
+        and the claim waits for a connection) is cancelled; should it have committed after
+        all, its jobs stay running without a heartbeat and rescue retries them.
         """
         self._stopping = True
         self._wake.set()
         if self._dispatcher is not None:
-            await self._dispatcher
+            _, pending = await asyncio.wait([self._dispatcher], timeout=grace)
+            if pending:
+                log.warning(
+                    "queue %s: a claim did not finish within %gs of shutdown; cancelled",
+                    self.config.name,
+                    grace,
+                )
+                self._dispatcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._dispatcher
         unstarted = []
         while not self._ready.empty():
             job = self._ready.get_nowait()
