@@ -8,6 +8,7 @@ matches no row was stale: it changed nothing, and the caller gets None.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -148,8 +149,23 @@ class CompletionBatcher:
         self._closing = True
         self._give_up_at = time.monotonic() + timeout
         self._wakeup.set()
-        if self._task is not None:
-            await self._task
+        if self._task is None:
+            return
+        # A flush that started before close() may be waiting on the pool for a connection
+        # (30 s while the database is down): past the deadline it is cancelled.
+        _, unfinished = await asyncio.wait([self._task], timeout=timeout + 0.5)
+        if unfinished:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            if self._pending:
+                log.warning(
+                    "shutting down: gave up completing %d jobs (the database did not answer "
+                    "within %gs); they stay running and rescue retries them",
+                    len(self._pending),
+                    timeout,
+                )
+                self._drop(len(self._pending))
 
     async def _run(self) -> None:
         delay = 0.05
