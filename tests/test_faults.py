@@ -657,8 +657,9 @@ async def test_shutdown_during_an_outage_returns_and_loses_nothing(
     cluster_db: str,
 ) -> None:
     """Handlers finish while Postgres is stopped, so their completions cannot be saved:
-    shutdown still returns within seconds (it gives up instead of retrying forever), and the
-    jobs, left running, are rescued and completed by another runtime afterwards."""
+    the worker's health check says so promptly, shutdown still returns within seconds (it
+    gives up instead of retrying forever, and does not wait out a claim stuck on the pool),
+    and the jobs, left running, are rescued and completed by another runtime afterwards."""
     url = cluster_db
     release = asyncio.Event()
     settings: dict[str, Any] = {
@@ -682,6 +683,14 @@ async def test_shutdown_during_an_outage_returns_and_loses_nothing(
         )
     try:
         await asyncio.to_thread(cluster.stop, "fast")
+        # The worker's health check answers promptly, without waiting out the pool.
+        asked = time.monotonic()
+        check = await first.health_check()
+        answered = time.monotonic() - asked
+        assert answered < 8, f"health_check took {answered:.1f}s"
+        assert not check.postgres_connected
+        assert check.runtime is not None
+        assert check.runtime.in_flight == 3
         release.set()
         started = time.monotonic()
         await first.shutdown(timeout=2)
