@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -152,7 +153,10 @@ def worker_pool(url: str) -> Iterator[Callable[..., Worker]]:
     except BaseException:
         for worker in created:
             print(worker.tail())
+        print(f"worker logs kept in {folder}")
         raise
+    else:
+        shutil.rmtree(folder, ignore_errors=True)
     finally:
         for worker in created:
             worker.stop()
