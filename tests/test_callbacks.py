@@ -119,7 +119,9 @@ async def test_parked_job_releases_its_slot(client: awa.AsyncClient, conn: Conn)
 
     await start(client, payments(max_workers=1))
     parked, _ = await parked_job(client, conn)
-    assert parked.id not in client.runtime.inflight  # type: ignore[union-attr]
+    # The row is parked once its commit returns; the attempt leaves the in-flight set just
+    # after, in this process.
+    await wait_for(lambda: parked.id not in client.runtime.inflight)  # type: ignore[union-attr]
     other = await client.insert(Slow(), queue=QUEUE)
     running = await wait_for_state(conn, other.id, "running")
     await wait_for(lambda: row(conn, other.id)["heartbeat_at"] > running["heartbeat_at"])

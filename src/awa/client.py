@@ -27,7 +27,6 @@ from awa.db import (
     drive_async,
     drive_sync,
     resolve_database_url,
-    run_async,
     sync_pool,
     translate_errors,
 )
@@ -37,7 +36,7 @@ from awa.health import HealthCheck, health_flow, runtime_health, schema_missing,
 from awa.hooks import HookDispatcher, HookRegistry
 from awa.insert import InsertKwargs, copy_flow, prepare_job, prepare_many, split_kwargs
 from awa.lifecycle import LifecycleRegistration
-from awa.migrations import check_version, migrate_async, migrate_sync, schema_version_statement
+from awa.migrations import check_version, migrate_async, migrate_sync, schema_version_flow
 from awa.model import JobRow, JobState
 from awa.resolution import CallbackResolution
 from awa.transaction import (
@@ -241,7 +240,7 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
                 "queues (or register those tasks on the queues you run)"
             )
         async with self.connection() as conn:
-            check_version(await run_async(conn, schema_version_statement()))
+            check_version(await drive_async(conn, schema_version_flow()))
         runtime = Runtime(
             self,
             self._tasks,

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from awa import admin
 from awa.admin import QueueStats
 from awa.db import Flow, Statement
-from awa.migrations import schema_version_statement
+from awa.migrations import schema_version_flow
 from awa.sql import current_version, query
 
 if TYPE_CHECKING:
@@ -74,9 +74,12 @@ def runtime_health(runtime: Runtime | None) -> RuntimeHealth | None:
 
 
 def health_flow(runtime: RuntimeHealth | None) -> Flow[HealthCheck]:
-    version = yield schema_version_statement()
+    version = yield from schema_version_flow()
     problems = []
     expected = current_version()
+    if version is None:
+        problems.append("the awa schema does not exist in this database (run `awa migrate`)")
+        return HealthCheck(False, True, version, expected, None, runtime, [], problems)
     if version != expected:
         problems.append(f"schema version is {version}, this package expects {expected}")
         return HealthCheck(False, True, version, expected, None, runtime, [], problems)

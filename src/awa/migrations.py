@@ -11,7 +11,7 @@ from typing import Any
 
 import psycopg
 
-from awa.db import Statement, translate_errors
+from awa.db import Flow, Statement, translate_errors
 from awa.errors import SchemaNotMigrated
 from awa.sql import Migration, current_version, migrations, query
 
@@ -73,9 +73,17 @@ def migration_script() -> str:
     return "\n".join(parts) + "\n"
 
 
-def schema_version_statement() -> Statement[int | None]:
+def schema_version_flow() -> Flow[int | None]:
     """The newest migration applied to this database (None: never migrated)."""
-    return Statement(query("schema_version"), None, lambda rows: rows[0]["version"])
+    present = yield Statement(query("schema_migrations_exists"), None, _first_value)
+    if not present:
+        return None
+    version: int | None = yield Statement(query("schema_version"), None, _first_value)
+    return version
+
+
+def _first_value(rows: list[dict[str, Any]]) -> Any:
+    return next(iter(rows[0].values()))
 
 
 def check_version(found: int | None) -> None:

@@ -159,6 +159,8 @@ class RuntimeConfig:
     failed_retention: float = 7 * 86400.0
     cleanup_interval: float = 30.0
     cleanup_batch_size: int = 5000
+    vacuum_interval: float = 10.0
+    vacuum_threshold: int = 50_000
 
     def __post_init__(self) -> None:
         for field in (
@@ -183,6 +185,12 @@ class RuntimeConfig:
         _positive_int(self.promote_batch_size, "promote_batch_size")
         _positive_int(self.rescue_batch_size, "rescue_batch_size")
         _positive_int(self.cleanup_batch_size, "cleanup_batch_size")
+        _positive_int(self.vacuum_threshold, "vacuum_threshold")
+        object.__setattr__(
+            self,
+            "vacuum_interval",
+            _positive_seconds(self.vacuum_interval, "vacuum_interval", allow_zero=True),
+        )
         _positive_int(self.completion_batch_size, "completion_batch_size")
         if self.sync_handler_threads is not None:
             _positive_int(self.sync_handler_threads, "sync_handler_threads")

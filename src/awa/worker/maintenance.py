@@ -178,3 +178,19 @@ async def _promote_one_by_one(conn: psycopg.AsyncConnection[Any], batch_size: in
         except psycopg.errors.UniqueViolation:
             log.warning("job %s collides with a unique key at promotion; cancelling it", job_id)
             await conn.execute(query("cancel_colliding_pending"), {"id": job_id})
+
+
+def vacuum_duty(interval: float, threshold: int) -> Duty:
+    """VACUUM awa.jobs once it holds more than ``threshold`` dead rows: a busy queue makes
+    dead rows faster than autovacuum (which visits a database once a minute by default)
+    reclaims them, and claims slow down as they pile up."""
+
+    async def vacuum(conn: psycopg.AsyncConnection[Any]) -> None:
+        async with conn.cursor(row_factory=dict_row) as cursor:
+            await cursor.execute(query("jobs_dead_tuples"))
+            row = await cursor.fetchone()
+        if row is not None and row["dead"] is not None and row["dead"] > threshold:
+            await conn.execute(query("vacuum_jobs"))
+            log.debug("vacuumed awa.jobs (%s dead rows)", row["dead"])
+
+    return Duty("vacuum", interval, vacuum)

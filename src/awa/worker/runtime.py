@@ -35,7 +35,7 @@ from awa.worker.executor import run_attempt
 from awa.worker.finalizer import Committed, Finalizer, batched_completed_event
 from awa.worker.heartbeat import Heartbeat
 from awa.worker.listener import Listener
-from awa.worker.maintenance import Duty, Maintenance, promotion_duty
+from awa.worker.maintenance import Duty, Maintenance, promotion_duty, vacuum_duty
 from awa.worker.outage import FailureLog, quiet_pool_reconnect_errors
 from awa.worker.registry import TaskRegistry
 from awa.worker.rescue import SWEEPS, Rescue, rescue_duty, retention_duty
@@ -201,7 +201,7 @@ class Runtime:
             RescueReason.DEADLINE_EXCEEDED: config.deadline_rescue_interval,
             RescueReason.EXPIRED_CALLBACK: config.callback_rescue_interval,
         }
-        return [
+        duties = [
             promotion_duty(config.promote_interval, config.promote_batch_size),
             *(
                 rescue_duty(
@@ -220,6 +220,9 @@ class Runtime:
                 batch_size=config.cleanup_batch_size,
             ),
         ]
+        if config.vacuum_interval > 0:
+            duties.append(vacuum_duty(config.vacuum_interval, config.vacuum_threshold))
+        return duties
 
     async def _rescued(self, rescued: list[Rescue]) -> None:
         """After a rescue commits: tell handlers still running here, then (apart from the

@@ -146,3 +146,11 @@ WHERE l.locktype = 'advisory' AND l.granted
   AND l.objid = (4708303813012965710 & 4294967295)::oid
   AND l.objsubid = 1
   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+
+-- name: jobs_dead_tuples
+SELECT n_dead_tup AS dead FROM pg_stat_user_tables WHERE relid = 'awa.jobs'::regclass
+
+-- name: vacuum_jobs
+-- Run by the leader when dead rows pile up faster than autovacuum's naptime clears them
+-- (each job leaves about three: claim, completion, retention). Never inside a transaction.
+VACUUM awa.jobs

@@ -20,7 +20,9 @@ SELECT version FROM awa.schema_migrations ORDER BY version
 -- name: migrate_record
 INSERT INTO awa.schema_migrations (version, name) VALUES (%(version)s, %(name)s)
 
+-- name: schema_migrations_exists
+SELECT to_regclass('awa.schema_migrations') IS NOT NULL AS present
+
 -- name: schema_version
--- The newest applied migration, or NULL when awa was never migrated here.
-SELECT CASE WHEN to_regclass('awa.schema_migrations') IS NULL THEN NULL
-            ELSE (SELECT max(version) FROM awa.schema_migrations) END AS version
+-- The newest applied migration (run only once schema_migrations_exists said yes).
+SELECT max(version) AS version FROM awa.schema_migrations
