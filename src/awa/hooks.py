@@ -1,8 +1,8 @@
 """Lifecycle hooks: per-kind callbacks run after a job's transition commits.
 
-Hooks are best-effort, in-process notifications. Each event is dispatched as its own task,
-after the commit that produced it; the hooks of one kind run one after another in
-registration order, while events of different jobs run concurrently. A hook never holds a
+Hooks are best-effort, in-process notifications, run in the background after the commit
+that produced the event; the hooks of one kind run one after another in registration order,
+while events of different jobs may run concurrently. A hook never holds a
 worker slot, ``shutdown()`` does not wait for hooks, and a hook that raises is logged (with
 the job id and kind) without stopping the hooks after it. For side effects that must
 survive a crash, use the durable follow-ups (``on_*_enqueue``) instead.
@@ -11,6 +11,7 @@ survive a crash, use the durable follow-ups (``on_*_enqueue``) instead.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextvars
 import dataclasses
 import logging
@@ -71,12 +72,28 @@ def kind_of(args_type: type[Any], kind: str | None) -> str:
     return derive_kind(args_type.__name__)
 
 
+_Pending = tuple[list[_Registration], JobEvent[Any], "type[Any] | None", float]
+
+
 class HookDispatcher:
-    """Runs the hooks of committed events as background tasks."""
+    """Runs the hooks of committed events in the background.
+
+    Events wait in a queue drained by consumer tasks, so a stream of quick hooks costs no
+    task per event. Consumers exit when the queue is empty. A watchdog adds consumers as soon
+    as the oldest waiting event has waited ``STALL`` seconds (a slow hook is running), so
+    slow hooks run concurrently instead of delaying every later event.
+    """
+
+    STALL = 0.02
+    MAX_CONSUMERS = 1024
 
     def __init__(self, registry: HookRegistry) -> None:
         self._registry = registry
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._queue: collections.deque[_Pending] = collections.deque()
+        self._consumers: set[asyncio.Task[None]] = set()
+        self._watchdog: asyncio.Task[None] | None = None
+        self._running = 0
+        self._active = 0  # consumers still draining (tasks leave _consumers a bit later)
         # Plain def hooks run on threads of their own: on asyncio's default executor, hooks
         # that block would queue ahead of the runtime's own calls there (shutdown uses it).
         self._threads: ThreadPoolExecutor | None = None
@@ -85,15 +102,22 @@ class HookDispatcher:
         """Whether events of this kind have any hook (build no event otherwise)."""
         return kind in self._registry
 
-    def dispatch(self, event: JobEvent[Any]) -> asyncio.Task[None] | None:
-        """Run the event's hooks in the background; returns their task (None: no hooks)."""
+    def dispatch(self, event: JobEvent[Any], args_type: type[Any] | None = None) -> bool:
+        """Queue the event's hooks to run in the background; False when it has none.
+
+        ``event.args`` is the row's JSON args, or (with ``args_type``) already decoded into
+        that type, which typed hooks of the same type then use without decoding again.
+        """
         registrations = self._registry.for_kind(event.job.kind)
         if not registrations:
-            return None
-        task = asyncio.create_task(self._run(registrations, event), name="awa-hooks")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
+            return False
+        loop = asyncio.get_running_loop()
+        self._queue.append((registrations, event, args_type, loop.time()))
+        if not self._active:
+            self._spawn(1)
+        if self._watchdog is None:
+            self._watchdog = loop.create_task(self._watch(), name="awa-hooks-watchdog")
+        return True
 
     async def dispatch_and_wait(self, event: JobEvent[Any]) -> None:
         """Run the event's hooks and wait for them (errors are logged, not raised)."""
@@ -102,14 +126,53 @@ class HookDispatcher:
             await self._run(registrations, event)
 
     def pending(self) -> int:
-        return len(self._tasks)
+        """Events queued or running."""
+        return len(self._queue) + self._running
 
     def cancel_all(self) -> None:
-        for task in list(self._tasks):
+        self._queue.clear()
+        for task in list(self._consumers):
             task.cancel()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
         if self._threads is not None:
             self._threads.shutdown(wait=False, cancel_futures=True)
             self._threads = None
+
+    def _spawn(self, count: int) -> None:
+        for _ in range(min(count, self.MAX_CONSUMERS - self._active)):
+            self._active += 1
+            task = asyncio.get_running_loop().create_task(self._consume(), name="awa-hooks")
+            self._consumers.add(task)
+            task.add_done_callback(self._consumers.discard)
+
+    async def _consume(self) -> None:
+        queue = self._queue
+        try:
+            while queue:
+                registrations, event, decoded_as, _ = queue.popleft()
+                self._running += 1
+                try:
+                    await self._run(registrations, event, decoded_as)
+                finally:
+                    self._running -= 1
+        finally:
+            self._active -= 1
+
+    async def _watch(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self._queue or self._running:
+                await asyncio.sleep(self.STALL)
+                queue = self._queue
+                if queue and loop.time() - queue[0][3] >= self.STALL:
+                    # Every consumer is stuck in a slow hook: one more per waiting event.
+                    self._spawn(len(queue))
+                elif queue and not self._active:
+                    self._spawn(1)
+        finally:
+            self._watchdog = None
 
     def _run_sync(self, hook: Hook, event: JobEvent[Any]) -> asyncio.Future[Any]:
         if self._threads is None:
@@ -119,11 +182,18 @@ class HookDispatcher:
         context = contextvars.copy_context()
         return asyncio.get_running_loop().run_in_executor(self._threads, context.run, hook, event)
 
-    async def _run(self, registrations: list[_Registration], event: JobEvent[Any]) -> None:
+    async def _run(
+        self,
+        registrations: list[_Registration],
+        event: JobEvent[Any],
+        decoded_as: type[Any] | None = None,
+    ) -> None:
         job = event.job
         for registration in registrations:
-            if registration.args_type is None:
+            if registration.args_type is decoded_as:
                 typed = event
+            elif registration.args_type is None:
+                typed = dataclasses.replace(event, args=job.args)
             else:
                 try:
                     args = decode_args(registration.args_type, job.args)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
@@ -69,6 +70,7 @@ async def run_attempt(
     threads: Executor | None,
     *,
     shutting_down: asyncio.Event,
+    on_start: Callable[[], None] | None = None,
 ) -> Outcome:
     """Run the handler for ``job`` and return its outcome (never raises for handler errors)."""
     if job.is_cancelled():
@@ -82,6 +84,8 @@ async def run_attempt(
     except Exception as error:
         type_name = getattr(task.args_type, "__name__", str(task.args_type))
         return Fail(f"failed to decode args of kind {job.kind!r} into {type_name}: {error}")
+    if on_start is not None:
+        on_start()  # the handler is about to run, with its args decoded
     started = time.perf_counter()
     outcome: Outcome
     try:

@@ -148,7 +148,8 @@ def batched_completed_event(job: Job[Any], duration: float, finalized_at: float)
         progress=None,
         output=buffer.output if buffer is not None else None,
     )
-    return Completed(row, row.args, dt.timedelta(seconds=duration), row.output)
+    # The args the handler got, already decoded into its args type.
+    return Completed(row, job._args, dt.timedelta(seconds=duration), row.output)
 
 
 @dataclasses.dataclass(slots=True)

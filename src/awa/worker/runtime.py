@@ -361,11 +361,18 @@ class Runtime:
 
     async def _execute(self, job: Job[Any], queue: QueueConfig) -> None:
         task = self.registry.get(job.kind)
-        # Started goes out as the handler starts (not at claim: a prefetched job may be given
-        # back unstarted at shutdown), without waiting for its hooks.
-        if task is not None and not job.is_cancelled() and self._hooks.wants(job.kind):
-            self._hooks.dispatch(Started(job.snapshot(), job.raw_args))
-        outcome = await run_attempt(job, task, self.threads, shutting_down=self._interrupting)
+        on_start = None
+        if task is not None and self._hooks.wants(job.kind):
+            args_type = task.args_type
+
+            # Started goes out as the handler starts (not at claim: a prefetched job may be
+            # given back unstarted at shutdown), without waiting for its hooks.
+            def on_start() -> None:
+                self._hooks.dispatch(Started(job.snapshot(), job._args), args_type)
+
+        outcome = await run_attempt(
+            job, task, self.threads, shutting_down=self._interrupting, on_start=on_start
+        )
         try:
             await self._finalize(job, outcome, queue)
         except Exception:
@@ -440,7 +447,11 @@ class Runtime:
                 continue
             completed.append((job.kind, job.queue))
             if hooks.wants(job.kind):
-                hooks.dispatch(batched_completed_event(job, duration, finalized_at))
+                task = self.registry.get(job.kind)
+                hooks.dispatch(
+                    batched_completed_event(job, duration, finalized_at),
+                    task.args_type if task is not None else None,
+                )
         self.completed += len(completed)
         metrics.count_by_kind(metrics.completed, completed)
 
