@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import math
 from collections.abc import Mapping
@@ -22,6 +23,8 @@ A = TypeVar("A")
 
 
 CALLBACK_RESULT_KEY = "_awa_callback_result"
+_ROW_INDEX = {field.name: index for index, field in enumerate(dataclasses.fields(JobRow))}
+_STATE = _ROW_INDEX["state"]
 _NO_REST: tuple[Any, ...] = (None,) * 10
 
 
@@ -70,6 +73,7 @@ class Job(Generic[A]):
         "_progress",
         "_progress_version",
         "_rest",
+        "_row_base",
         "_run_at",
         "_sealed",
         "_services",
@@ -127,6 +131,7 @@ class Job(Generic[A]):
         self._callback_id: str | None = None
         self._args: Any = None
         self._rest: tuple[Any, ...] = _NO_REST
+        self._row_base: list[Any] | None = None
         self._extras: AttemptBuffer | None = None
         self._sealed = False
 
@@ -157,6 +162,7 @@ class Job(Generic[A]):
             job._progress,
         ) = row[:16]
         job._rest = row[16:]
+        job._row_base = None
         job._progress_version = 0
         job._cancelled = False
         job._services = services
@@ -173,6 +179,16 @@ class Job(Generic[A]):
 
     def snapshot(self, state: JobState = JobState.RUNNING, **changes: Any) -> JobRow:
         """This attempt's row as claimed, with ``changes`` applied (for lifecycle events)."""
+        base = self._row_base
+        if base is None:
+            base = self._row_base = self._claimed_row_values()
+        values = list(base)
+        values[_STATE] = state
+        for name, value in changes.items():
+            values[_ROW_INDEX[name]] = value
+        return JobRow(*values)
+
+    def _claimed_row_values(self) -> list[Any]:
         (
             deadline_duration,
             unique_key,
@@ -185,12 +201,12 @@ class Job(Generic[A]):
             callback_on_fail,
             callback_transform,
         ) = self._rest
-        row = JobRow(
+        return [
             self.id,
             self.kind,
             self.queue,
             self.raw_args,
-            state,
+            JobState.RUNNING,
             self.priority,
             self.attempt,
             self.max_attempts,
@@ -216,10 +232,7 @@ class Job(Generic[A]):
             callback_transform,
             self._progress,
             None,
-        )
-        for name, value in changes.items():
-            setattr(row, name, value)
-        return row
+        ]
 
     @property
     def run_at(self) -> dt.datetime:

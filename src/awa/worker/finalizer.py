@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import logging
 from typing import Any
 
@@ -136,13 +137,19 @@ def event_for(
     return None
 
 
+@functools.lru_cache(maxsize=16)
+def _utc(epoch: float) -> dt.datetime:
+    # Every job of a completion batch has the same finalized_at: convert it once.
+    return dt.datetime.fromtimestamp(epoch, dt.UTC)
+
+
 def batched_completed_event(job: Job[Any], duration: float, finalized_at: float) -> Completed[Any]:
     """The Completed event of a job completed on the batched path (no row is read back:
     the claimed row, with what the completion changed)."""
     buffer = job._extras
     row = job.snapshot(
         JobState.COMPLETED,
-        finalized_at=dt.datetime.fromtimestamp(finalized_at, dt.UTC),
+        finalized_at=_utc(finalized_at),
         heartbeat_at=None,
         deadline_at=None,
         progress=None,
