@@ -57,13 +57,13 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[index]
 
 
-def scratch_database(server_url: str) -> str:
+def scratch_database(server_url: str, name: str = BENCH_DATABASE) -> str:
     """Drop and recreate the benchmark database; returns its URL."""
     with psycopg.connect(server_url, autocommit=True) as conn:
-        name = pgsql.Identifier(BENCH_DATABASE)
-        conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
-        conn.execute(pgsql.SQL("CREATE DATABASE {}").format(name))
-    return psycopg.conninfo.make_conninfo(server_url, dbname=BENCH_DATABASE)
+        database = pgsql.Identifier(name)
+        conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(database))
+        conn.execute(pgsql.SQL("CREATE DATABASE {}").format(database))
+    return psycopg.conninfo.make_conninfo(server_url, dbname=name)
 
 
 async def _reset(client: awa.AsyncClient) -> None:
@@ -91,12 +91,26 @@ async def bench_enqueue(client: awa.AsyncClient, jobs: int, progress: Progress) 
             progress.update(task, completed=n)
     elapsed = time.perf_counter() - started
     progress.update(task, completed=jobs)
+    raw = await _raw_insert_rate(client, min(jobs, 5000))
     return Result(
         "enqueue",
         jobs,
         elapsed,
-        {"p50_ms": percentile(latencies, 0.5) * 1e3, "p99_ms": percentile(latencies, 0.99) * 1e3},
+        {
+            "p50_ms": percentile(latencies, 0.5) * 1e3,
+            "p99_ms": percentile(latencies, 0.99) * 1e3,
+            "raw_sql_per_second": raw,
+        },
     )
+
+
+async def _raw_insert_rate(client: awa.AsyncClient, count: int) -> float:
+    """Bare INSERTs on one connection, for comparison: what the server and its disk allow."""
+    async with client.connection() as conn:
+        started = time.perf_counter()
+        for _ in range(count):
+            await conn.execute(query("bench_raw_insert"))
+        return count / (time.perf_counter() - started)
 
 
 async def bench_copy(client: awa.AsyncClient, jobs: int, progress: Progress) -> Result:
@@ -173,15 +187,22 @@ async def bench_drain(
 async def bench_latency(
     url: str, rate: float, seconds: float, concurrency: int, progress: Progress
 ) -> Result:
-    """Insert at a fixed rate while a worker runs; enqueue-to-start latency percentiles."""
+    """Insert at a fixed rate while a worker runs; percentiles of the time from the insert
+    call to the handler's start (``p50_ms``...), and from the insert's commit returning to
+    the handler's start (``commit_p50_ms``...; the insert's own commit, a disk flush, is the
+    larger part of the first)."""
     client = awa.AsyncClient(url, application_name="awa-bench")
     latencies: list[float] = []
+    started: dict[int, float] = {}
+    committed: dict[int, float] = {}
     try:
         await _reset(client)
 
         @client.task(Timed)
         async def timed(job: awa.Job[Timed]) -> None:
-            latencies.append(time.time() - job.args.sent_at)
+            now = time.time()
+            started[job.args.n] = now
+            latencies.append(now - job.args.sent_at)
 
         total = int(rate * seconds)
         task = progress.add_task(f"latency at {rate:g}/s", total=total)
@@ -194,6 +215,7 @@ async def bench_latency(
                     if delay > 0:
                         await asyncio.sleep(delay)
                     await producer.insert(Timed(n, time.time()))
+                    committed[n] = time.time()
                     progress.update(task, completed=n + 1)
                 deadline = time.monotonic() + 30
                 while len(latencies) < total and time.monotonic() < deadline:
@@ -201,6 +223,10 @@ async def bench_latency(
             finally:
                 await producer.close()
         ms = [value * 1e3 for value in latencies]
+        # A job can start before its producer sees the commit return: count that as zero.
+        after_commit = [
+            max(0.0, started[n] - committed[n]) * 1e3 for n in started if n in committed
+        ]
         return Result(
             "latency",
             len(ms),
@@ -210,6 +236,8 @@ async def bench_latency(
                 "p50_ms": percentile(ms, 0.5),
                 "p95_ms": percentile(ms, 0.95),
                 "p99_ms": percentile(ms, 0.99),
+                "commit_p50_ms": percentile(after_commit, 0.5),
+                "commit_p99_ms": percentile(after_commit, 0.99),
             },
         )
     finally:
@@ -271,6 +299,13 @@ async def run_bench(
 
 @main.command()
 @click.option("--jobs", default=20_000, show_default=True, help="Jobs per scenario.")
+@click.option(
+    "--scratch-database",
+    "database_name",
+    default=BENCH_DATABASE,
+    show_default=True,
+    help="Name of the database the benchmark drops, recreates and works in.",
+)
 @click.option("--concurrency", default=16, show_default=True, help="Handlers at once (drain).")
 @click.option("--rate", default=200.0, show_default=True, help="Offered jobs/s (latency).")
 @click.option("--seconds", default=10.0, show_default=True, help="Duration of latency run.")
@@ -286,6 +321,7 @@ async def run_bench(
 def bench(
     ctx: click.Context,
     jobs: int,
+    database_name: str,
     concurrency: int,
     rate: float,
     seconds: float,
@@ -293,10 +329,11 @@ def bench(
     only: tuple[str, ...],
     as_json: bool,
 ) -> None:
-    """Benchmark enqueue, bulk COPY, drain throughput and latency (on a scratch database
-    named awa_bench, recreated on the configured server)."""
+    """Benchmark enqueue, bulk COPY, drain throughput and latency (on a scratch database,
+    awa_bench by default, dropped and recreated on the configured server)."""
     console = Console(stderr=True)
-    url = scratch_database(resolve_database_url(database_url_from_context(ctx)))
+    server = resolve_database_url(database_url_from_context(ctx))
+    url = scratch_database(server, database_name)
     report = asyncio.run(
         run_bench(
             url,

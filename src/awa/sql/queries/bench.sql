@@ -14,3 +14,7 @@ SELECT count(*) FROM awa.jobs WHERE state = 'completed'
 
 -- name: bench_dead_tuples
 SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = 'awa.jobs'::regclass
+
+-- name: bench_raw_insert
+-- The floor for one-by-one enqueue: a bare single-row INSERT, its own transaction.
+INSERT INTO awa.jobs (kind, args) VALUES ('raw', '{}')
