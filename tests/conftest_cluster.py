@@ -153,7 +153,7 @@ def cluster() -> Iterator[Cluster]:
     """A throwaway PostgreSQL server for tests that restart it."""
     bin_dir = _bin_dir()
     if bin_dir is None:
-        pytest.skip("no PostgreSQL server binaries (set PG_BIN)")
+        pytest.fail("no PostgreSQL server binaries found: set PG_BIN to their directory")
     server = Cluster(bin_dir)
     try:
         server.init()

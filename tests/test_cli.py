@@ -476,8 +476,7 @@ def _run(command: list[str], database_url: str) -> subprocess.CompletedProcess[s
 
 def test_console_script_reads_database_url(sync_client: awa.Client, database_url: str) -> None:
     script = Path(sys.executable).with_name("awa")
-    if not script.exists():
-        pytest.skip("the awa console script is not installed next to this interpreter")
+    assert script.exists(), "the awa console script is not installed next to this interpreter"
     job = sync_client.insert(SendEmail("a"))
     done = _run([str(script), "job", "list", "--json"], database_url)
     assert done.returncode == 0, done.stderr
