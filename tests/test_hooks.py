@@ -11,6 +11,7 @@ no outcome event. Callback and rescue events belong to other issues.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import datetime as dt
 import logging
@@ -691,20 +692,26 @@ async def test_sync_handler_events(client: awa.AsyncClient, conn: Conn) -> None:
     assert "first attempt" in retried.error
 
 
+SLOW_HOOK_SECONDS = 2.0
+
+
 # Hooks never slow the worker ---------------------------------------------------------------
 
 
 async def test_slow_hook_does_not_slow_a_drain(client: awa.AsyncClient, conn: Conn) -> None:
-    """A hook that sleeps 2 s on every event: all 1,000 jobs are completed in the database
-    before the first slow hook call has even finished (hooks hold no worker slot)."""
+    """A hook that takes 2 s on every event (or until the test releases it): all 1,000 jobs
+    are completed in the database before the first slow hook call has even finished (hooks
+    hold no worker slot)."""
     count = 1000
     calls_started: list[float] = []
     calls_finished: list[float] = []
+    release = asyncio.Event()
 
     @client.on_event(Work)
     async def slow(event: awa.JobEvent[Work]) -> None:
         calls_started.append(time.monotonic())
-        await asyncio.sleep(2)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(release.wait(), SLOW_HOOK_SECONDS)
         calls_finished.append(time.monotonic())
 
     @client.task(Work)
@@ -720,6 +727,7 @@ async def test_slow_hook_does_not_slow_a_drain(client: awa.AsyncClient, conn: Co
         f"a slow hook finished {drained_at - min(calls_finished):.2f}s before the drain did"
     )
     assert client.hook_dispatcher.pending() > 0
+    release.set()
 
 
 async def test_shutdown_does_not_wait_for_hooks(client: awa.AsyncClient, conn: Conn) -> None:
@@ -731,7 +739,7 @@ async def test_shutdown_does_not_wait_for_hooks(client: awa.AsyncClient, conn: C
     async def slow(event: awa.JobEvent[Work]) -> None:
         if isinstance(event, awa.Completed):
             entered.set()
-            await asyncio.sleep(30)
+            await asyncio.Event().wait()  # blocks until client.close() cancels it
             finished.append(event.job.id)
 
     @client.task(Work)

@@ -268,7 +268,7 @@ async def test_a_handler_that_always_hangs_ends_failed(client: awa.AsyncClient, 
     @client.task(Stranded)
     async def handle(job: awa.Job[Stranded]) -> None:
         attempts.append(job.attempt)
-        await asyncio.sleep(3600)
+        await asyncio.Event().wait()  # hangs for good, ignoring is_cancelled()
 
     await start(client, queue(deadline_duration=0.2), **{**RESCUE, "heartbeat_staleness": 3600.0})
     job = await client.insert(Stranded(), max_attempts=2)

@@ -90,7 +90,7 @@ async def main() -> None:
         if args.mode == "exit":
             os._exit(1)
         if args.mode == "hang":
-            await asyncio.sleep(3600)  # is_cancelled() is never looked at
+            await asyncio.Event().wait()  # hangs for good; is_cancelled() is never looked at
         key = (job.id, job.run_lease, PID)
         await record(
             client,
