@@ -236,31 +236,27 @@ class Job(Generic[A]):
 
     @property
     def run_at(self) -> dt.datetime:
-        value = self._run_at
-        if isinstance(value, float):
-            value = self._run_at = _from_epoch(value)
-        return value
+        return self._timestamp("_run_at")  # type: ignore[no-any-return]
 
     @property
     def created_at(self) -> dt.datetime:
-        value = self._created_at
-        if isinstance(value, float):
-            value = self._created_at = _from_epoch(value)
-        return value
+        return self._timestamp("_created_at")  # type: ignore[no-any-return]
 
     @property
     def attempted_at(self) -> dt.datetime | None:
-        value = self._attempted_at
-        if isinstance(value, float):
-            value = self._attempted_at = _from_epoch(value)
-        return value
+        return self._timestamp("_attempted_at")  # type: ignore[no-any-return]
 
     @property
     def deadline(self) -> dt.datetime | None:
         """When this attempt's deadline passes (None: no deadline)."""
-        value = self._deadline
+        return self._timestamp("_deadline")  # type: ignore[no-any-return]
+
+    def _timestamp(self, slot: str) -> Any:
+        # Claimed rows carry epoch seconds; convert on first read and keep the datetime.
+        value = getattr(self, slot)
         if isinstance(value, float):
-            value = self._deadline = _from_epoch(value)
+            value = _from_epoch(value)
+            setattr(self, slot, value)
         return value
 
     @property
