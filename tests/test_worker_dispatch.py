@@ -106,6 +106,67 @@ async def test_idle_worker_picks_up_a_new_job_by_notification(
     await client.shutdown()
 
 
+async def test_a_job_notified_while_every_slot_is_busy_starts_when_one_frees(
+    client: awa.AsyncClient, conn: Conn
+) -> None:
+    release = asyncio.Event()
+
+    @client.task(Ping)
+    async def handle(job: awa.Job[Ping]) -> None:
+        if job.args.n == 0:
+            await release.wait()
+
+    @client.task(Marker, queue="side")
+    async def side(job: awa.Job[Marker]) -> None:
+        pass
+
+    # A 30 s poll interval: only the notification (remembered while the slot was busy) can
+    # explain a quick start.
+    await start(
+        client, {**queue(max_workers=1, poll_interval=30), **queue("side", poll_interval=30)}
+    )
+    blocker = await client.insert(Ping(0))
+    await wait_for_state(conn, blocker.id, "running")
+    waiting = await client.insert(Ping(1))
+    # Notifications arrive in order: once the marker (inserted later) has run, the
+    # notification for `waiting` has been seen while the only slot was busy.
+    marker = await client.insert(Marker(), queue="side")
+    await wait_for_state(conn, marker.id, "completed")
+    assert job_row(conn, waiting.id)["state"] == "available"  # type: ignore[index]
+    release.set()
+    await wait_for_state(conn, waiting.id, "completed", timeout=3)
+    await client.shutdown()
+
+
+async def test_a_freed_slot_does_not_claim_from_a_queue_found_empty(
+    client: awa.AsyncClient, conn: Conn
+) -> None:
+    @client.task(Ping)
+    async def handle(job: awa.Job[Ping]) -> None:
+        pass
+
+    await start(client, queue(poll_interval=30))
+    runtime = client.runtime
+    assert runtime is not None
+    dispatcher = runtime._dispatchers["default"]
+    claims = 0
+    claim = dispatcher._claim
+
+    async def counting_claim(config: Any, limit: int) -> Any:
+        nonlocal claims
+        claims += 1
+        return await claim(config, limit)
+
+    dispatcher._claim = counting_claim
+    for n in range(5):
+        job = await client.insert(Ping(n))
+        await wait_for_state(conn, job.id, "completed")
+    await client.shutdown()
+    # One claim per notification; a slot finishing after a short claim adds none (it would
+    # double the claims at low load).
+    assert claims <= 6
+
+
 async def test_queue_name_of_200_characters(client: awa.AsyncClient, conn: Conn) -> None:
     name = "q" * 190 + "é" * 10
     assert len(name) == 200

@@ -21,7 +21,7 @@ import orjson
 
 from awa.db import CopyStatement, Flow, Statement
 from awa.errors import UniqueConflict, ValidationError
-from awa.kinds import args_to_json_value, dump_json, kind_for
+from awa.kinds import Encoder, args_encoder, dump_json, encode_args, kind_for
 from awa.model import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_PRIORITY,
@@ -151,8 +151,17 @@ def prepare_job(
     if checked is None:
         checked = check_opts(opts)
     job_kind = check_name("kind", kind_for(args, kind))
-    value = args_to_json_value(args)
+    return _prepared(job_kind, args, args_encoder(type(args)), opts, checked)
+
+
+def _prepared(
+    job_kind: str, args: Any, encoder: Encoder, opts: InsertOpts, checked: CheckedOpts
+) -> PreparedJob:
+    value = encode_args(encoder, args)
     args_json = dump_json(value, "args")
+    if value is args:
+        # A dict passed in is the caller's: the stored row gets its own copy.
+        value = orjson.loads(args_json)
     key: bytes | None = None
     states: int | None = None
     unique = checked.unique
@@ -223,18 +232,38 @@ def split_kwargs(caller: str, kwargs: Mapping[str, Any]) -> tuple[str | None, In
     return kwargs.get("kind"), opts
 
 
+class BatchPreparer:
+    """Prepares the jobs of one batch: items are args, or EnqueueRequests overriding the
+    shared options. The options are checked once, and the kind and encoder of each args
+    type are looked up once (bulk inserts prepare tens of thousands of jobs a second)."""
+
+    def __init__(self, kind: str | None, opts: InsertOpts) -> None:
+        self._kind = kind
+        self._opts = opts
+        self.checked = check_opts(opts)
+        self._by_type: dict[type[Any], tuple[str, Encoder]] = {}
+
+    def prepare(self, index: int, item: Any) -> PreparedJob:
+        """Job ``index`` of the batch; a ValidationError names the index."""
+        try:
+            cached = self._by_type.get(type(item))
+            if cached is None:
+                if isinstance(item, EnqueueRequest):
+                    return prepare_job(item, kind=self._kind, opts=self._opts, checked=self.checked)
+                cached = (check_name("kind", kind_for(item, self._kind)), args_encoder(type(item)))
+                self._by_type[type(item)] = cached
+            job_kind, encoder = cached
+            return _prepared(job_kind, item, encoder, self._opts, self.checked)
+        except ValidationError as error:
+            raise ValidationError(f"job {index}: {error}") from None
+
+
 def prepare_many(jobs: Iterable[Any], *, kind: str | None, opts: InsertOpts) -> list[PreparedJob]:
     """Prepare a batch; items are args or EnqueueRequests overriding the shared options."""
     if isinstance(jobs, Mapping | str | bytes):
         raise ValidationError("insert_many() takes a list of jobs")
-    prepared = []
-    checked = check_opts(opts)
-    for index, item in enumerate(jobs):
-        try:
-            prepared.append(prepare_job(item, kind=kind, opts=opts, checked=checked))
-        except ValidationError as error:
-            raise ValidationError(f"job {index}: {error}") from None
-    return prepared
+    preparer = BatchPreparer(kind, opts)
+    return [preparer.prepare(index, item) for index, item in enumerate(jobs)]
 
 
 # Rows per statement when a batch goes through the INSERT path.
@@ -307,8 +336,8 @@ def copy_flow(items: Iterable[Any], *, kind: str | None, opts: InsertOpts) -> Fl
     if isinstance(items, Mapping | str | bytes):
         raise ValidationError("insert_many_copy() takes a list of jobs")
     batch = list(items)
-    checked = check_opts(opts)
-    if checked.unique is not None or any(
+    preparer = BatchPreparer(kind, opts)
+    if preparer.checked.unique is not None or any(
         isinstance(item, EnqueueRequest) and item.resolve(opts).unique is not None for item in batch
     ):
         return (yield from insert_flow(prepare_many(batch, kind=kind, opts=opts)))
@@ -317,29 +346,24 @@ def copy_flow(items: Iterable[Any], *, kind: str | None, opts: InsertOpts) -> Fl
     reserved = yield Statement(query("copy_reserve_ids"), {"count": len(batch)}, _first)
     now: dt.datetime = reserved["now"]
     ids: list[int] = reserved["ids"]
-    prepared: list[PreparedJob] = []
+    stored: list[JobRow] = []
 
     def rows() -> Iterator[tuple[str | None, ...]]:
+        # The returned rows are built here, one pass with the formatting, rather than after
+        # the COPY: no list of prepared jobs is kept alive (fewer objects for the garbage
+        # collector to walk).
         row = CopyRowFormatter(now)
         for index, item in enumerate(batch):
-            try:
-                job = prepare_job(item, kind=kind, opts=opts, checked=checked)
-            except ValidationError as error:
-                raise ValidationError(f"job {index}: {error}") from None
-            prepared.append(job)
-            yield row(job, ids[index])
+            job = preparer.prepare(index, item)
+            job_id = ids[index]
+            run_at = job.run_at
+            due = run_at is None or run_at <= now
+            state = JobState.AVAILABLE if due else JobState.SCHEDULED
+            stored.append(stored_job(job, job_id, state, run_at or now, now))
+            yield row(job, job_id)
 
     yield CopyStatement(query("copy_jobs"), rows())
-    return [
-        stored_job(
-            job,
-            job_id,
-            JobState.AVAILABLE if job.run_at is None or job.run_at <= now else JobState.SCHEDULED,
-            job.run_at or now,
-            now,
-        )
-        for job, job_id in zip(prepared, ids, strict=True)
-    ]
+    return stored
 
 
 def needs_transaction(jobs: Sequence[PreparedJob]) -> bool:
@@ -473,7 +497,7 @@ def stored_job(
         job_id,
         job.kind,
         job.queue,
-        orjson.loads(job.args_json),
+        job.args,
         state,
         job.priority,
         0,

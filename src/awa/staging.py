@@ -89,7 +89,8 @@ class StagedFollowUp:
 
     @property
     def json_args(self) -> dict[str, Any]:
-        return self.prepared.args
+        value: dict[str, Any] = orjson.loads(self.prepared.args_json)  # the caller's own copy
+        return value
 
     @property
     def unique_key(self) -> bytes | None:

@@ -51,6 +51,11 @@ class QueueDispatcher:
         self._stopping = False
         self._slots: list[asyncio.Task[None]] = []
         self._failures = FailureLog(log, f"claiming on queue {config.name}")
+        # Whether the last claim filled its batch, so more jobs may be waiting. A claim that
+        # came back short found the queue empty: a slot freeing up then has nothing to claim
+        # (a job inserted since sends a notification), and claiming anyway would cost a round
+        # trip per job at low load.
+        self._more_waiting = True
         self.claimed = 0
 
     @property
@@ -70,6 +75,8 @@ class QueueDispatcher:
         self._dispatcher = asyncio.create_task(self._dispatch(), name=f"awa-dispatch-{name}")
 
     def wake(self) -> None:
+        """New jobs may be available (a notification, a reconnect): claim when room allows."""
+        self._more_waiting = True
         self._wake.set()
 
     def _prefetch_allowance(self) -> int:
@@ -100,9 +107,13 @@ class QueueDispatcher:
             self._wake.clear()
             size = self._claim_size()
             if size > 0:
+                # This claim tells whether more jobs wait; a notification arriving while it
+                # runs sets the flag again, and the claim's result must not erase that.
+                self._more_waiting = False
                 try:
                     jobs = await self._claim(self.config, size)
                 except Exception as error:
+                    self._more_waiting = True
                     # Whatever it is (database down, schema not migrated yet, a bug), the
                     # dispatcher must survive it: a dead dispatcher claims nothing, silently.
                     self._failures.failed(
@@ -119,6 +130,7 @@ class QueueDispatcher:
                     self._ready.put_nowait(job)
                 self.claimed += len(jobs)
                 if len(jobs) == size:
+                    self._more_waiting = True
                     await asyncio.sleep(0)  # let slots start before claiming more
                     continue
             await self._idle(self.config.poll_interval)
@@ -146,7 +158,7 @@ class QueueDispatcher:
                 elapsed = time.perf_counter() - started
                 mean = self._mean_duration
                 self._mean_duration = elapsed if mean is None else mean * 0.9 + elapsed * 0.1
-                if ready.qsize() <= self._prefetch_allowance() // 2:
+                if self._more_waiting and ready.qsize() <= self._prefetch_allowance() // 2:
                     self._wake.set()
 
     async def stop_claiming(self, grace: float = STOP_GRACE) -> list[Job[Any]]:

@@ -52,9 +52,14 @@ WHERE unique_key = ANY(%(keys)s::bytea[]) AND awa.unique_key_held(unique_states,
 
 -- name: copy_reserve_ids
 -- Ids and the database clock for a COPY batch, fetched in the COPY's own transaction.
+-- The sequence is looked up once (a materialized CTE): called per row, the lookup costs
+-- ten times more than nextval itself.
+WITH id_sequence AS MATERIALIZED (
+    SELECT pg_get_serial_sequence('awa.jobs', 'id')::regclass AS seq
+)
 SELECT now() AS now,
-       array(SELECT nextval(pg_get_serial_sequence('awa.jobs', 'id'))
-             FROM generate_series(1, %(count)s)) AS ids
+       array(SELECT nextval(id_sequence.seq)
+             FROM id_sequence, generate_series(1, %(count)s)) AS ids
 
 -- name: copy_jobs
 COPY awa.jobs (
