@@ -32,3 +32,8 @@ def test_bench_runs_every_scenario(server_url: str) -> None:
     assert report["drain"]["commits_per_job"] < 1
     assert report["latency"]["jobs"] == 25
     assert report["latency"]["p50_ms"] > 0
+    # The baselines measured beside awa's figures, for ratios.
+    assert report["enqueue"]["raw_sql_per_second"] > 0
+    assert report["enqueue"]["producers_8_per_second"] > 0
+    assert report["copy"]["raw_copy_per_second"] > 0
+    assert report["latency"]["floor_p50_ms"] > 0

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime as dt
+import functools
 import statistics
 import time
 from collections.abc import Awaitable, Callable
@@ -22,7 +24,7 @@ from rich.progress import Progress
 
 import awa
 from awa.cli import database_url_from_context, json_option, main, print_json, print_table
-from awa.db import resolve_database_url
+from awa.db import connection_kwargs, resolve_database_url
 from awa.sql import query
 
 BENCH_DATABASE = "awa_bench"
@@ -92,6 +94,7 @@ async def bench_enqueue(client: awa.AsyncClient, jobs: int, progress: Progress) 
     elapsed = time.perf_counter() - started
     progress.update(task, completed=jobs)
     raw = await _raw_insert_rate(client, min(jobs, 5000))
+    concurrent = await _concurrent_insert_rate(client, jobs, PRODUCERS)
     return Result(
         "enqueue",
         jobs,
@@ -100,8 +103,27 @@ async def bench_enqueue(client: awa.AsyncClient, jobs: int, progress: Progress) 
             "p50_ms": percentile(latencies, 0.5) * 1e3,
             "p99_ms": percentile(latencies, 0.99) * 1e3,
             "raw_sql_per_second": raw,
+            f"producers_{PRODUCERS}_per_second": concurrent,
         },
     )
+
+
+# Producers of the concurrent enqueue figure: one-by-one inserts from this many tasks at once
+# (a web application's request handlers), whose commits the server flushes together.
+PRODUCERS = 8
+
+
+async def _concurrent_insert_rate(client: awa.AsyncClient, jobs: int, producers: int) -> float:
+    await _reset(client)
+    share = max(1, jobs // producers)
+
+    async def produce() -> None:
+        for n in range(share):
+            await client.insert(Noop(n))
+
+    started = time.perf_counter()
+    await asyncio.gather(*(produce() for _ in range(producers)))
+    return share * producers / (time.perf_counter() - started)
 
 
 async def _raw_insert_rate(client: awa.AsyncClient, count: int) -> float:
@@ -122,7 +144,31 @@ async def bench_copy(client: awa.AsyncClient, jobs: int, progress: Progress) -> 
     await client.insert_many_copy(batch)
     elapsed = time.perf_counter() - started
     progress.update(task, completed=jobs)
-    return Result("copy", jobs, elapsed)
+    await _reset(client)
+    raw = await _raw_copy_rate(client, jobs)
+    return Result("copy", jobs, elapsed, {"raw_copy_per_second": raw})
+
+
+async def _raw_copy_rate(client: awa.AsyncClient, count: int) -> float:
+    """The same COPY of rows formatted in advance, in one write (no validation, no per-job
+    work in Python): what the server allows, for comparison."""
+    async with client.connection() as conn:
+        started = time.perf_counter()
+        async with conn.transaction():
+            cursor = await conn.execute(query("copy_reserve_ids"), {"count": count})
+            row = await cursor.fetchone()
+            assert row is not None
+            now, ids = row[0].isoformat(), row[1]
+            formatting = time.perf_counter()
+            data = "".join(
+                f'{job_id}\traw\tdefault\t{{"n": {job_id}}}\tavailable\t2\t25\t{now}\t{now}'
+                "\t{}\t{}\t\\N\t\\N\n"
+                for job_id in ids
+            )
+            started += time.perf_counter() - formatting  # not counted: done in advance
+            async with conn.cursor() as copy_cursor, copy_cursor.copy(query("copy_jobs")) as copy:
+                await copy.write(data)
+        return count / (time.perf_counter() - started)
 
 
 @dataclasses.dataclass
@@ -222,6 +268,8 @@ async def bench_latency(
                     await asyncio.sleep(0.01)
             finally:
                 await producer.close()
+        await _reset(client)
+        floor = await _latency_floor(url, rate, seconds)
         ms = [value * 1e3 for value in latencies]
         # A job can start before its producer sees the commit return: count that as zero.
         after_commit = [
@@ -238,10 +286,58 @@ async def bench_latency(
                 "p99_ms": percentile(ms, 0.99),
                 "commit_p50_ms": percentile(after_commit, 0.5),
                 "commit_p99_ms": percentile(after_commit, 0.99),
+                "floor_p50_ms": percentile(floor, 0.5),
+                "floor_p99_ms": percentile(floor, 0.99),
             },
         )
     finally:
         await client.close()
+
+
+async def _latency_floor(url: str, rate: float, seconds: float) -> list[float]:
+    """Milliseconds from an insert call to the return of the claim that took the job, for
+    bare statements at the same rate: one connection inserts, one listens, one claims (with
+    the worker's claim statement), all on this event loop, no handler and no completion.
+    What this machine allows, for comparison with the figures through awa."""
+    connect = functools.partial(
+        psycopg.AsyncConnection.connect, url, **connection_kwargs("awa-bench-floor")
+    )
+    sent: dict[int, float] = {}
+    latencies: list[float] = []
+    params = {"queue": "default", "limit": 16, "deadline": dt.timedelta(minutes=5)}
+    async with await connect() as producer, await connect() as listener, await connect() as worker:
+        await listener.execute(query("listen_channels"))
+
+        stop = asyncio.Event()
+
+        async def claim_on_notify() -> None:
+            # Short listening windows, so that it stops between claims (cancelling a claim in
+            # flight would make psycopg cancel the query and warn).
+            while not stop.is_set():
+                async for _ in listener.notifies(timeout=0.05):
+                    cursor = await worker.execute(query("claim_jobs"), params)
+                    rows = await cursor.fetchall()
+                    now = time.perf_counter()
+                    latencies.extend((now - sent[row[0]]) * 1e3 for row in rows if row[0] in sent)
+
+        claimer = asyncio.create_task(claim_on_notify())
+        total = int(rate * seconds)
+        start = time.perf_counter()
+        for n in range(total):
+            delay = start + n / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            before = time.perf_counter()
+            cursor = await producer.execute(query("bench_raw_insert_returning"))
+            row = await cursor.fetchone()
+            assert row is not None
+            sent[row[0]] = before
+        deadline = time.monotonic() + 5
+        while len(latencies) < total and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        stop.set()
+        await claimer
+    return latencies or [float("nan")]
 
 
 def _median(results: list[Result]) -> Result:

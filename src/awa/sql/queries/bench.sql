@@ -18,3 +18,7 @@ SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = 'awa.jobs'::regclass
 -- name: bench_raw_insert
 -- The floor for one-by-one enqueue: a bare single-row INSERT, its own transaction.
 INSERT INTO awa.jobs (kind, args) VALUES ('raw', '{}')
+
+-- name: bench_raw_insert_returning
+-- The producer of the latency floor: a bare INSERT that reports its id.
+INSERT INTO awa.jobs (kind, args) VALUES ('raw', '{}') RETURNING id
