@@ -11,6 +11,7 @@ import time
 import pytest
 
 import awa
+from awa.kinds import decoder_for
 from helpers_worker import (
     FAST_RUNTIME,
     queue,
@@ -90,6 +91,38 @@ async def test_sync_handler_runs_in_a_thread_and_the_loop_stays_responsive(
     assert sync_threads
     assert sync_threads[0] != loop_thread
     assert async_finished_at[0] < sync_finished_at[0]
+
+
+@dataclasses.dataclass
+class Prebuilt:
+    n: int = 0
+
+
+class NoSchema:
+    """A class pydantic cannot build a schema for: its decoder fails at the job instead."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+
+async def test_start_builds_each_handlers_args_decoder(
+    client: awa.AsyncClient, conn: Conn
+) -> None:
+    @client.task(Prebuilt)
+    async def handle(job: awa.Job[Prebuilt]) -> None:
+        pass
+
+    @client.task(NoSchema, kind="no_schema")
+    async def unbuildable(job: awa.Job[NoSchema]) -> None:
+        pass
+
+    await start(client, queue())  # a type without a schema does not stop the start
+    before = decoder_for.cache_info()
+    decoder_for(Prebuilt)
+    assert decoder_for.cache_info().misses == before.misses  # built by start, not now
+    job = await client.insert(Prebuilt(1))
+    await wait_for_state(conn, job.id, "completed")
+    await client.shutdown()
 
 
 async def test_start_with_a_list_of_tuples(client: awa.AsyncClient, conn: Conn) -> None:

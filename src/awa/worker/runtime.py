@@ -4,10 +4,11 @@ maintenance, started together and shut down in order."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from psycopg.rows import tuple_row
 
@@ -24,6 +25,7 @@ from awa.followups import (
 )
 from awa.hooks import HookDispatcher
 from awa.job import Job
+from awa.kinds import decoder_for
 from awa.model import JobRow, JobState
 from awa.sql import query
 from awa.worker import results
@@ -165,6 +167,7 @@ class Runtime:
     async def start(self) -> None:
         url = await self._client.database_url()
         quiet_pool_reconnect_errors("awa")
+        self._build_decoders()
         self._completer.start()
         self._listener = Listener(
             url,
@@ -193,6 +196,14 @@ class Runtime:
         for dispatcher in self._dispatchers.values():
             dispatcher.start()
         log.info("worker started on queues %s", ", ".join(self._dispatchers))
+
+    def _build_decoders(self) -> None:
+        """Build each handler's args decoder now rather than at its first job, which would
+        otherwise wait for the schema to be built (tens of milliseconds, more on first use
+        of the library). A type that cannot be built yet fails at its job, with the error."""
+        for task in self.registry:
+            with contextlib.suppress(Exception):
+                decoder_for(cast(Any, task.args_type))
 
     def _maintenance_duties(self) -> list[Duty]:
         config = self.config
