@@ -105,9 +105,7 @@ class NoSchema:
         self.n = n
 
 
-async def test_start_builds_each_handlers_args_decoder(
-    client: awa.AsyncClient, conn: Conn
-) -> None:
+async def test_start_builds_each_handlers_args_decoder(client: awa.AsyncClient, conn: Conn) -> None:
     @client.task(Prebuilt)
     async def handle(job: awa.Job[Prebuilt]) -> None:
         pass
