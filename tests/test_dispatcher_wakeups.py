@@ -1,0 +1,103 @@
+"""When the queue dispatcher claims again, driven through its own interface with a claim and
+an executor made for the test (no database: these check its wakeup bookkeeping, which the
+database tests can only reach by chance timing)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from awa.worker.config import QueueConfig
+from awa.worker.dispatcher import QueueDispatcher
+
+
+class Scripted:
+    """Claims that return what the test hands them, one at a time, and handlers that run
+    until the test releases them."""
+
+    def __init__(self) -> None:
+        self.claims: asyncio.Queue[asyncio.Future[list[Any]]] = asyncio.Queue()
+        self.released: dict[str, asyncio.Event] = {}
+        self.started: list[str] = []
+        self.stopping = False
+
+    async def claim(self, config: QueueConfig, limit: int) -> list[Any]:
+        answer: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+        await self.claims.put(answer)
+        return await answer
+
+    async def execute(self, job: Any, config: QueueConfig) -> None:
+        self.started.append(job)
+        if not self.stopping:
+            await self.released.setdefault(job, asyncio.Event()).wait()
+
+    async def next_claim(self) -> asyncio.Future[list[Any]]:
+        async with asyncio.timeout(5):
+            return await self.claims.get()
+
+    async def stop(self, dispatcher: QueueDispatcher) -> None:
+        """Release every handler, answer any claim in flight (empty), and stop."""
+        self.stopping = True
+        for event in self.released.values():
+            event.set()
+        stopping = asyncio.create_task(dispatcher.stop_claiming(grace=1))
+        while not stopping.done():
+            try:
+                self.claims.get_nowait().set_result([])
+            except asyncio.QueueEmpty:
+                await asyncio.sleep(0.005)
+        await stopping
+        await dispatcher.drain(timeout=1)
+
+    async def started_job(self, job: str) -> None:
+        async with asyncio.timeout(5):
+            while job not in self.started:
+                await asyncio.sleep(0.005)
+
+
+async def test_a_notification_during_a_short_claim_is_not_forgotten() -> None:
+    script = Scripted()
+    config = QueueConfig("default", max_workers=1, prefetch=4, poll_interval=30)
+    dispatcher = QueueDispatcher(
+        config, claim=script.claim, execute=script.execute, backlogged=lambda: False
+    )
+    dispatcher._mean_duration = 0.001  # quick handlers: the full prefetch allowance (4)
+    dispatcher.start()
+    try:
+        first = await script.next_claim()
+        # A job is inserted while the claim runs, too late for its snapshot: its notification
+        # arrives before the claim comes back short (3 of the 5 asked for).
+        dispatcher.wake()
+        first.set_result(["a", "b", "c"])
+        await script.started_job("a")
+        # One slot busy, two jobs buffered: no room worth a claim until a slot frees.
+        assert script.claims.empty()
+        script.released["a"].set()
+        # The freed slot must claim again (the notified job waits), not sit out the 30 s poll.
+        second = await script.next_claim()
+        second.set_result([])
+    finally:
+        await script.stop(dispatcher)
+
+
+async def test_a_slot_freed_after_a_short_claim_does_not_claim() -> None:
+    script = Scripted()
+    config = QueueConfig("default", max_workers=2, prefetch=0, poll_interval=30)
+    dispatcher = QueueDispatcher(
+        config, claim=script.claim, execute=script.execute, backlogged=lambda: False
+    )
+    dispatcher.start()
+    try:
+        # Two slots free, one job found: the claim came back short, the queue is empty.
+        (await script.next_claim()).set_result(["a"])
+        await script.started_job("a")
+        script.released["a"].set()
+        for _ in range(50):  # let every ready task run: a wrong claim would be queued now
+            await asyncio.sleep(0)
+        assert script.claims.empty()
+        # A notification does bring a claim.
+        dispatcher.wake()
+        (await script.next_claim()).set_result(["b"])
+        await script.started_job("b")
+    finally:
+        await script.stop(dispatcher)
