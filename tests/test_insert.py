@@ -360,3 +360,38 @@ async def test_large_batches_span_several_statements_atomically(
     jobs = await client.insert_many([SendEmail(str(i)) for i in range(10)], queue="chunks")
     assert [job.args["to"] for job in jobs] == [str(i) for i in range(10)]
     assert [row["id"] for row in job_rows(conn)] == [job.id for job in jobs]
+
+
+@pytest.mark.parametrize("run_at_offset", [None, dt.timedelta(hours=1), -dt.timedelta(hours=1)])
+async def test_single_and_batch_inserts_store_the_same_row(
+    client: awa.AsyncClient, conn: Conn, run_at_offset: dt.timedelta | None
+) -> None:
+    # One job takes a single-row statement; batches take the JSON recordset one. Both must
+    # store the same row for the same job and options.
+    run_at = dt.datetime.now(dt.UTC) + run_at_offset if run_at_offset is not None else None
+    options: dict[str, Any] = {
+        "queue": "mail",
+        "priority": 3,
+        "max_attempts": 7,
+        "tags": ["a", 'quote"and\\slash'],
+        "metadata": {"tenant": 7, "nested": {"x": [1, 2]}},
+        "run_at": run_at,
+        "ordering_key": b"\x00\x01",
+        "deadline_duration": 12.5,
+    }
+    single = await client.insert(SendEmail("a@example.com", "é\tnewline\n"), **options)
+    batch = await client.insert_many(
+        [SendEmail("a@example.com", "é\tnewline\n"), SendEmail("b@example.com")], **options
+    )
+    stored_single = must_job_row(conn, single.id)
+    stored_batch = must_job_row(conn, batch[0].id)
+    differing = {"id", "created_at", "run_at"}
+    assert {k: v for k, v in stored_single.items() if k not in differing} == {
+        k: v for k, v in stored_batch.items() if k not in differing
+    }
+    if run_at is not None:
+        assert stored_single["run_at"] == stored_batch["run_at"] == run_at
+    assert stored_single["state"] == (
+        "scheduled" if run_at_offset and run_at_offset > dt.timedelta(0) else "available"
+    )
+    assert single.args == batch[0].args == {"to": "a@example.com", "subject": "é\tnewline\n"}

@@ -11,6 +11,7 @@ from typing import Any, Generic, LiteralString, ParamSpec, TypeVar, overload
 import orjson
 import psycopg
 import psycopg_pool
+from psycopg import pq
 from psycopg.adapt import AdaptersMap
 from psycopg.rows import dict_row
 from psycopg.types.json import set_json_loads
@@ -174,18 +175,25 @@ class CopyStatement:
 Flow = Generator["Statement[Any] | CopyStatement", Any, R]
 
 
+def _has_rows(cursor: psycopg.AsyncCursor[Any] | psycopg.Cursor[Any]) -> bool:
+    """Whether the statement returned rows (``cursor.description`` would tell too, but it
+    builds a list of column objects at every access, a measurable cost per insert)."""
+    result = cursor.pgresult
+    return result is not None and result.status == pq.ExecStatus.TUPLES_OK
+
+
 async def run_async(conn: psycopg.AsyncConnection[Any], statement: Statement[R]) -> R:
     with translate_errors():
         async with conn.cursor(row_factory=dict_row) as cursor:
             await cursor.execute(statement.sql, statement.params)
-            rows = await cursor.fetchall() if cursor.description is not None else []
+            rows = await cursor.fetchall() if _has_rows(cursor) else []
     return statement.decode(rows)
 
 
 def run_sync(conn: psycopg.Connection[Any], statement: Statement[R]) -> R:
     with translate_errors(), conn.cursor(row_factory=dict_row) as cursor:
         cursor.execute(statement.sql, statement.params)
-        rows = cursor.fetchall() if cursor.description is not None else []
+        rows = cursor.fetchall() if _has_rows(cursor) else []
     return statement.decode(rows)
 
 

@@ -20,7 +20,7 @@ import blake3
 import orjson
 
 from awa.db import CopyStatement, Flow, Statement
-from awa.errors import UniqueConflict, ValidationError
+from awa.errors import DatabaseError, UniqueConflict, ValidationError
 from awa.kinds import Encoder, args_encoder, dump_json, encode_args, kind_for
 from awa.model import (
     DEFAULT_MAX_ATTEMPTS,
@@ -292,6 +292,34 @@ def insert_flow(jobs: Sequence[PreparedJob]) -> Flow[list[JobRow]]:
             for job, row in zip(chunk, rows, strict=True)
         )
     return inserted
+
+
+def insert_one_flow(job: PreparedJob) -> Flow[JobRow]:
+    """Insert one job (the single-row statement); raises UniqueConflict like
+    :func:`insert_flow`."""
+    params = {
+        "kind": job.kind,
+        "queue": job.queue,
+        "args": job.args_json,
+        "run_at": job.run_at,
+        "priority": job.priority,
+        "max_attempts": job.max_attempts,
+        "metadata": job.metadata_json,
+        "tags": job.tags,
+        "unique_key": job.unique_key,
+        "unique_states": job.unique_states,
+        "ordering_key": job.ordering_key,
+        "deadline_duration": job.deadline_duration,
+    }
+    rows = yield Statement(query("insert_job"), params, _rows)
+    if not rows:
+        if job.unique_key is None:  # only a held unique key skips the row
+            raise DatabaseError(f"inserting a {job.kind!r} job returned no row")
+        keys = [job.unique_key]
+        holders = yield Statement(query("unique_key_holders"), {"keys": keys}, _holders)
+        raise unique_conflict([job], keys, holders)
+    row = rows[0]
+    return stored_job(job, row["id"], JobState(row["state"]), row["run_at"], row["created_at"])
 
 
 @dataclasses.dataclass(slots=True)

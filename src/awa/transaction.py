@@ -25,6 +25,7 @@ from awa.insert import (
     InsertKwargs,
     PreparedJob,
     insert_flow,
+    insert_one_flow,
     needs_transaction,
     prepare_job,
     prepare_many,
@@ -61,6 +62,8 @@ async def insert_prepared_async(
 ) -> list[JobRow]:
     """Insert prepared jobs on a connection (atomically, with a savepoint inside a
     transaction)."""
+    if len(jobs) == 1:
+        return [await drive_async(conn, insert_one_flow(jobs[0]))]
     if needs_transaction(jobs):
         async with conn.transaction():
             return await drive_async(conn, insert_flow(jobs))
@@ -71,6 +74,8 @@ def insert_prepared_sync(
     conn: psycopg.Connection[Any], jobs: Sequence[PreparedJob]
 ) -> list[JobRow]:
     """Blocking twin of :func:`insert_prepared_async`."""
+    if len(jobs) == 1:
+        return [drive_sync(conn, insert_one_flow(jobs[0]))]
     if needs_transaction(jobs):
         with conn.transaction():
             return drive_sync(conn, insert_flow(jobs))

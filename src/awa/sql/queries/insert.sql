@@ -46,6 +46,35 @@ DO NOTHING
 -- Only what the database decided; the caller already knows every other column.
 RETURNING id, state, run_at, created_at, unique_key
 
+-- name: insert_job
+-- One job, as a single-row VALUES with a parameter per column: cheaper for both sides than
+-- the JSON form above (no JSON document to build and unpack), which matters when jobs are
+-- inserted one at a time. Same rules: scheduled when run_at lies in the future by the
+-- database clock, and no row when its unique key is already held.
+INSERT INTO awa.jobs (
+    kind, queue, args, state, priority, max_attempts, run_at, metadata, tags,
+    unique_key, unique_states, ordering_key, deadline_duration
+)
+VALUES (
+    %(kind)s,
+    %(queue)s,
+    %(args)s::jsonb,
+    (CASE WHEN %(run_at)s::timestamptz > now() THEN 'scheduled' ELSE 'available' END)::awa.job_state,
+    %(priority)s,
+    %(max_attempts)s,
+    COALESCE(%(run_at)s::timestamptz, now()),
+    %(metadata)s::jsonb,
+    %(tags)s::text[],
+    %(unique_key)s::bytea,
+    %(unique_states)s,
+    %(ordering_key)s::bytea,
+    %(deadline_duration)s::interval
+)
+ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL
+    AND awa.unique_key_held(unique_states, state)
+DO NOTHING
+RETURNING id, state, run_at, created_at
+
 -- name: unique_key_holders
 SELECT id, unique_key FROM awa.jobs
 WHERE unique_key = ANY(%(keys)s::bytea[]) AND awa.unique_key_held(unique_states, state)
