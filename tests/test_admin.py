@@ -242,6 +242,31 @@ async def test_retry_failed(admin: Admin, client: awa.AsyncClient, conn: Conn) -
             await admin("retry_failed", **bad)
 
 
+async def test_retry_failed_skips_jobs_whose_unique_key_is_held(
+    admin: Admin, client: awa.AsyncClient, conn: Conn
+) -> None:
+    # Failed jobs do not hold the default key: a newer job took it, so running the failed
+    # one again would give the key two holders. Two failed jobs share another key.
+    taken = await client.insert(Report(1), unique_opts={})
+    set_state(conn, taken.id, "failed")
+    holder = await client.insert(Report(1), unique_opts={})
+    older = await client.insert(Report(2), unique_opts={})
+    set_state(conn, older.id, "failed")
+    newer = await client.insert(Report(2), unique_opts={})
+    set_state(conn, newer.id, "failed")
+    plain = await add(client, conn, "failed")
+    retried = await admin("retry_failed", kind="report")
+    assert sorted(job.id for job in retried) == sorted([newer.id, plain.id])
+    states = {job.id: must_job_row(conn, job.id)["state"] for job in (taken, older, newer)}
+    assert states == {taken.id: "failed", older.id: "failed", newer.id: "available"}
+    assert must_job_row(conn, holder.id)["state"] == "available"
+    # Once the holder is gone, the remaining ones can run again (one per key).
+    set_state(conn, holder.id, "cancelled")
+    set_state(conn, newer.id, "completed")
+    again = await admin("retry_failed", kind="report")
+    assert [job.id for job in again] == [taken.id]
+
+
 async def test_discard_failed(admin: Admin, client: awa.AsyncClient, conn: Conn) -> None:
     await add(client, conn, "failed")
     await add(client, conn, "failed")

@@ -133,7 +133,10 @@ def retry(job_id: int) -> Statement[JobRow | None]:
 
 @operation
 def retry_failed(*, kind: str | None = None, queue: str | None = None) -> Statement[list[JobRow]]:
-    """Run every failed job of one kind or one queue again."""
+    """Run every failed job of one kind or one queue again; returns the jobs it moved.
+
+    A job whose unique key another job holds now stays failed (running it again would give
+    the key two holders), and of failed jobs sharing a key only the newest runs again."""
     if (kind is None) == (queue is None):
         raise ValidationError("retry_failed() needs exactly one of kind= or queue=")
     return Statement(query("retry_failed"), {"kind": kind, "queue": queue}, _jobs)

@@ -77,14 +77,37 @@ SELECT m.* FROM moved AS m
 CROSS JOIN LATERAL (SELECT pg_notify('awa_jobs', m.queue)) AS n
 
 -- name: retry_failed
-WITH moved AS (
-    UPDATE awa.jobs
+-- A failed job whose unique key another job holds now stays failed (moving it would break
+-- the key), and of several failed jobs sharing a key only the newest runs again: the rest
+-- of the batch goes ahead instead of the whole statement failing on the unique index.
+WITH failed AS (
+    SELECT f.id, f.unique_key,
+           f.unique_key IS NOT NULL
+               AND awa.unique_key_held(f.unique_states, 'available') AS takes_key
+    FROM awa.jobs AS f
+    WHERE f.state = 'failed'
+      AND (%(kind)s::text IS NULL OR f.kind = %(kind)s::text)
+      AND (%(queue)s::text IS NULL OR f.queue = %(queue)s::text)
+), chosen AS (
+    SELECT id FROM failed WHERE NOT takes_key
+    UNION ALL
+    SELECT newest.id FROM (
+        SELECT DISTINCT ON (unique_key) id, unique_key FROM failed
+        WHERE takes_key
+        ORDER BY unique_key, id DESC
+    ) AS newest
+    WHERE NOT EXISTS (
+        SELECT 1 FROM awa.jobs AS holder
+        WHERE holder.unique_key = newest.unique_key
+          AND awa.unique_key_held(holder.unique_states, holder.state)
+    )
+), moved AS (
+    UPDATE awa.jobs AS j
     SET state = 'available', attempt = 0, run_at = now(), finalized_at = NULL,
         heartbeat_at = NULL, deadline_at = NULL
-    WHERE state = 'failed'
-      AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
-      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-    RETURNING *
+    FROM chosen
+    WHERE j.id = chosen.id AND j.state = 'failed'
+    RETURNING j.*
 )
 SELECT m.* FROM moved AS m
 CROSS JOIN LATERAL (SELECT pg_notify('awa_jobs', m.queue)) AS n
