@@ -451,6 +451,46 @@ def test_admin_resolution_on_a_blocking_connection(sync_client: awa.Client, conn
             awa.admin.complete_external(sync_conn, callback_id)
 
 
+async def test_blocking_client_resolves_callbacks(
+    client: awa.AsyncClient, sync_client: awa.Client, conn: Conn
+) -> None:
+    """awa.Client has every resolution method; each commits the transition (no hooks or
+    follow-ups: the blocking client has no lifecycle registry)."""
+    job_id, callback_id = await insert_parked(client, conn, timeout_seconds=10)
+    extended = sync_client.heartbeat_callback(callback_id, 7200)
+    assert extended.callback_timeout_at is not None
+    assert extended.callback_timeout_at > dt.datetime.now(dt.UTC) + dt.timedelta(seconds=7000)
+    completed = sync_client.complete_external(callback_id, {"paid": True})
+    assert (completed.id, completed.state, completed.output) == (
+        job_id,
+        awa.JobState.COMPLETED,
+        {"paid": True},
+    )
+    with pytest.raises(awa.CallbackNotFound):
+        sync_client.complete_external(callback_id)
+
+    job_id, callback_id = await insert_parked(client, conn)
+    failed = sync_client.fail_external(callback_id, "declined")
+    assert failed.state is awa.JobState.FAILED
+    assert last_error(conn, job_id)["error"] == "declined"
+
+    job_id, callback_id = await insert_parked(client, conn)
+    retried = sync_client.retry_external(callback_id)
+    assert (retried.state, retried.attempt) == (awa.JobState.AVAILABLE, 0)
+
+    job_id, callback_id = await insert_parked(client, conn)
+    resumed = sync_client.resume_external(callback_id, {"step": 2})
+    assert resumed.id == job_id
+    assert resumed.state is not awa.JobState.WAITING_EXTERNAL
+
+    job_id, callback_id = await insert_parked(client, conn, on_complete="payload.ok")
+    result = sync_client.resolve_callback(callback_id, {"ok": True})
+    assert result.is_completed()
+    assert row(conn, job_id)["state"] == "completed"
+    with pytest.raises(awa.ValidationError):
+        sync_client.complete_external("not-a-uuid")
+
+
 # Resume --------------------------------------------------------------------------------------
 
 

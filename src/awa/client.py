@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Self, TypeVar, Unpack
 import psycopg
 import psycopg_pool
 
-from awa import admin
+from awa import admin, callbacks
 from awa.admin import QueueStats
 from awa.db import (
     DEFAULT_APPLICATION_NAME,
@@ -38,7 +38,7 @@ from awa.insert import InsertKwargs, copy_flow, prepare_job, prepare_many, split
 from awa.lifecycle import LifecycleRegistration
 from awa.migrations import check_version, migrate_async, migrate_sync, schema_version_flow
 from awa.model import JobRow, JobState
-from awa.resolution import CallbackResolution
+from awa.resolution import CallbackId, CallbackResolution
 from awa.transaction import (
     SyncTransaction,
     Transaction,
@@ -523,3 +523,54 @@ class Client:
     def queue_stats(self) -> list[QueueStats]:
         with self.connection() as conn:
             return admin.queue_stats(conn)
+
+    # External callbacks. The blocking client has no lifecycle registry, so these commit the
+    # transition alone: follow-up specs and hooks registered on an AsyncClient run only when
+    # that client resolves the callback (use one, with asyncio.run, where they must run).
+
+    def complete_external(
+        self, callback_id: CallbackId, payload: Any = None, run_lease: int | None = None
+    ) -> JobRow:
+        """Complete the job holding this callback; the payload, if any, becomes its output.
+        CallbackNotFound when no parked or running job holds it."""
+        with self.connection() as conn:
+            return callbacks.complete_external(conn, callback_id, payload, run_lease)
+
+    def fail_external(
+        self, callback_id: CallbackId, error: str, run_lease: int | None = None
+    ) -> JobRow:
+        """Fail the job holding this callback, with ``error`` in its history."""
+        with self.connection() as conn:
+            return callbacks.fail_external(conn, callback_id, error, run_lease)
+
+    def retry_external(self, callback_id: CallbackId, run_lease: int | None = None) -> JobRow:
+        """Run a parked job again, from a fresh attempt budget."""
+        with self.connection() as conn:
+            return callbacks.retry_external(conn, callback_id, run_lease)
+
+    def resolve_callback(
+        self,
+        callback_id: CallbackId,
+        payload: Any = None,
+        default_action: callbacks.DefaultAction = "ignore",
+        run_lease: int | None = None,
+    ) -> callbacks.ResolveResult:
+        """Complete, fail or ignore by the callback's CEL expressions; without expressions,
+        do ``default_action``."""
+        with self.connection() as conn:
+            return callbacks.resolve_callback(conn, callback_id, payload, default_action, run_lease)
+
+    def resume_external(
+        self, callback_id: CallbackId, payload: Any = None, run_lease: int | None = None
+    ) -> JobRow:
+        """Hand ``payload`` to the job: a handler waiting in ``wait_for_callback`` gets it; a
+        parked job runs again and finds it in ``job.callback_result``."""
+        with self.connection() as conn:
+            return callbacks.resume_external(conn, callback_id, payload, run_lease)
+
+    def heartbeat_callback(
+        self, callback_id: CallbackId, timeout_seconds: float = callbacks.DEFAULT_TIMEOUT
+    ) -> JobRow:
+        """Push a parked job's callback timeout to ``timeout_seconds`` from now."""
+        with self.connection() as conn:
+            return callbacks.heartbeat_callback(conn, callback_id, timeout_seconds)
