@@ -491,6 +491,32 @@ async def test_blocking_client_resolves_callbacks(
         sync_client.complete_external("not-a-uuid")
 
 
+async def test_a_resume_signal_between_two_waits_is_kept(client: awa.AsyncClient) -> None:
+    """A callback notification that arrives while the waiting handler reads its row (not
+    waiting at that moment) wakes its next wait at once instead of leaving it to the poll."""
+
+    @client.task(Payment, queue=QUEUE)
+    async def pay(job: awa.Job[Payment]) -> None:
+        pass
+
+    await start(client, payments())
+    runtime = client.runtime
+    assert runtime is not None
+    attempt = dataclasses.make_dataclass("Attempt", [("id", int)])(424242)
+    runtime.inflight.add(attempt)
+    runtime._wake_callback_waiter(attempt.id)  # nobody waits yet
+    began = time.monotonic()
+    await runtime.wait_signal(attempt.id, timeout=30)
+    assert time.monotonic() - began < 5
+    with pytest.raises(TimeoutError):  # consumed: the next wait sleeps
+        async with asyncio.timeout(0.2):
+            await runtime.wait_signal(attempt.id, timeout=30)
+    runtime._wake_callback_waiter(999_999)  # not an attempt of this process: nothing kept
+    assert 999_999 not in runtime._callback_waiters
+    runtime.inflight.remove(attempt)
+    await client.shutdown()
+
+
 # Resume --------------------------------------------------------------------------------------
 
 

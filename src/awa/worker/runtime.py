@@ -138,17 +138,18 @@ class Runtime:
 
     async def wait_signal(self, job_id: int, timeout: float) -> None:
         event = self._callback_waiters.setdefault(job_id, asyncio.Event())
-        try:
-            await asyncio.wait_for(event.wait(), timeout)
-        except TimeoutError:
-            pass
-        finally:
-            self._callback_waiters.pop(job_id, None)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await event.wait()
+        event.clear()
 
     def _wake_callback_waiter(self, job_id: int) -> None:
-        event = self._callback_waiters.get(job_id)
-        if event is not None:
-            event.set()
+        # The signal is kept for an attempt of this process even when nobody waits yet (the
+        # handler is reading its row between two waits): its next wait returns at once and
+        # reads the row again, instead of sleeping through the poll interval. The attempt's
+        # end drops it (see _execute).
+        if job_id in self.inflight:
+            self._callback_waiters.setdefault(job_id, asyncio.Event()).set()
 
     # Lifecycle ----------------------------------------------------------------------------
 
@@ -384,6 +385,7 @@ class Runtime:
         outcome = await run_attempt(
             job, task, self.threads, shutting_down=self._interrupting, on_start=on_start
         )
+        self._callback_waiters.pop(job.id, None)
         try:
             await self._finalize(job, outcome, queue)
         except Exception:
