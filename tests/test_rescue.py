@@ -30,6 +30,7 @@ from helpers_worker import (
     insert_raw,
     queue,
     row,
+    second_client,
     seconds,
     start,
     wait_for,
@@ -229,6 +230,48 @@ async def test_expired_callback_is_rescued(client: awa.AsyncClient, conn: Conn) 
     assert {event.reason for event in events} == {RescueReason.EXPIRED_CALLBACK}
     await client.shutdown()
     assert row(conn, waiting)["state"] == "waiting_external"
+
+
+async def test_deadline_rescue_cancels_the_handler_in_another_process(
+    client: awa.AsyncClient, database_url: str, conn: Conn
+) -> None:
+    """The rescue announces the attempt on awa_cancel: a handler running it in a runtime
+    that is not the leader sees ``job.is_cancelled()`` too."""
+    saw_cancel = asyncio.Event()
+
+    @client.task(Idle, queue="leader-only")
+    async def idle(job: awa.Job[Idle]) -> None:
+        pass
+
+    # The leader works another queue only: the job can run in the second runtime alone.
+    await start(client, queue("leader-only"), **{**RESCUE, "heartbeat_staleness": 3600.0})
+    leader = client.runtime
+    assert leader is not None
+    await wait_for(lambda: leader.is_leader, 5)
+    async with second_client(database_url) as other:
+
+        @other.task(Stranded)
+        async def handle(job: awa.Job[Stranded]) -> None:
+            if job.attempt > 1:
+                return
+            async with asyncio.timeout(10):
+                while not job.is_cancelled():
+                    await asyncio.sleep(0.01)
+            saw_cancel.set()
+
+        await start(
+            other, queue(deadline_duration=0.3), **{**RESCUE, "heartbeat_staleness": 3600.0}
+        )
+        assert other.runtime is not None
+        assert not other.runtime.is_leader
+        job = await other.insert(Stranded(), max_attempts=2)
+        final = await wait_for_state(conn, job.id, "completed", timeout=15)
+        await other.shutdown()
+    await client.shutdown()
+    assert saw_cancel.is_set()
+    assert final["attempt"] == 2
+    [entry] = rescue_entries(final)
+    assert entry["rescued"] == "deadline_exceeded"
 
 
 async def test_deadline_rescue_cancels_the_handler_in_the_leaders_process(

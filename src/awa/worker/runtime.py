@@ -345,7 +345,10 @@ class Runtime:
 
     def _cancel_attempt(self, job_id: int, run_lease: int | None) -> None:
         if self.inflight.cancel(job_id, run_lease):
-            log.info("job %s was cancelled while running; is_cancelled() is now true", job_id)
+            log.info(
+                "job %s: its running attempt was cancelled or rescued; is_cancelled() is now true",
+                job_id,
+            )
             self._wake_callback_waiter(job_id)
 
     # Claim, execute, finalize ------------------------------------------------------------

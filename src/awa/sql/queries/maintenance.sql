@@ -73,29 +73,36 @@ j.state = 'waiting_external' AND j.callback_timeout_at < now()
 -- forever. The condition sits on the locking scan itself, so a row that changed after the
 -- statement's snapshot (a heartbeat that just landed, a completion) is re-checked against
 -- the whole condition once locked, not just against its state.
+-- Each rescued attempt is announced on awa_cancel (with its run_lease), so that a handler
+-- still running it in any process sees job.is_cancelled() (its outcome is stale by now).
 WITH locked AS (
     SELECT j.id FROM awa.jobs AS j
     WHERE ({condition})
     ORDER BY j.id
     LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED
+), rescued AS (
+    UPDATE awa.jobs AS j
+    SET state = (CASE WHEN j.attempt >= j.max_attempts THEN 'failed' ELSE 'retryable' END)
+            ::awa.job_state,
+        run_at = CASE WHEN j.attempt >= j.max_attempts THEN j.run_at
+                      ELSE now() + awa.retry_delay(j.attempt, 2.0, 0.25, 86400.0) END,
+        finalized_at = now(),
+        heartbeat_at = NULL,
+        deadline_at = NULL,
+        callback_id = NULL, callback_timeout_at = NULL, callback_filter = NULL,
+        callback_on_complete = NULL, callback_on_fail = NULL, callback_transform = NULL,
+        callback_in_handler = false,
+        errors = j.errors || jsonb_build_array(jsonb_build_object(
+            'error', %(error)s::text, 'attempt', j.attempt, 'at', now(), 'rescued', %(reason)s::text))
+    FROM locked
+    WHERE j.id = locked.id
+    RETURNING j.*
 )
-UPDATE awa.jobs AS j
-SET state = (CASE WHEN j.attempt >= j.max_attempts THEN 'failed' ELSE 'retryable' END)
-        ::awa.job_state,
-    run_at = CASE WHEN j.attempt >= j.max_attempts THEN j.run_at
-                  ELSE now() + awa.retry_delay(j.attempt, 2.0, 0.25, 86400.0) END,
-    finalized_at = now(),
-    heartbeat_at = NULL,
-    deadline_at = NULL,
-    callback_id = NULL, callback_timeout_at = NULL, callback_filter = NULL,
-    callback_on_complete = NULL, callback_on_fail = NULL, callback_transform = NULL,
-    callback_in_handler = false,
-    errors = j.errors || jsonb_build_array(jsonb_build_object(
-        'error', %(error)s::text, 'attempt', j.attempt, 'at', now(), 'rescued', %(reason)s::text))
-FROM locked
-WHERE j.id = locked.id
-RETURNING j.*
+SELECT r.* FROM rescued AS r
+CROSS JOIN LATERAL (
+    SELECT pg_notify('awa_cancel', json_build_object('job_id', r.id, 'run_lease', r.run_lease)::text)
+) AS announced
 
 -- name: rescue_candidate_ids
 -- The slow path after a unique-key collision: candidates one by one.
@@ -103,18 +110,25 @@ SELECT j.id FROM awa.jobs AS j WHERE ({condition}) ORDER BY j.id LIMIT %(limit)s
 
 -- name: cancel_rescued_duplicate
 -- A rescued job whose retry would collide with a newer job holding its unique key: the
--- newer job wins and this one is cancelled, with the reason recorded.
-UPDATE awa.jobs AS j
-SET state = 'cancelled', finalized_at = now(), heartbeat_at = NULL, deadline_at = NULL,
-    callback_id = NULL, callback_timeout_at = NULL, callback_filter = NULL,
-    callback_on_complete = NULL, callback_on_fail = NULL, callback_transform = NULL,
-    callback_in_handler = false,
-    errors = j.errors || jsonb_build_array(jsonb_build_object(
-        'error', 'rescued as duplicate: ' || %(error)s::text
-                 || ', and a newer job holds its unique key',
-        'attempt', j.attempt, 'at', now(), 'rescued', %(reason)s::text))
-WHERE j.id = %(id)s AND ({condition})
-RETURNING j.*
+-- newer job wins and this one is cancelled, with the reason recorded (and announced on
+-- awa_cancel, as in rescue_jobs).
+WITH cancelled AS (
+    UPDATE awa.jobs AS j
+    SET state = 'cancelled', finalized_at = now(), heartbeat_at = NULL, deadline_at = NULL,
+        callback_id = NULL, callback_timeout_at = NULL, callback_filter = NULL,
+        callback_on_complete = NULL, callback_on_fail = NULL, callback_transform = NULL,
+        callback_in_handler = false,
+        errors = j.errors || jsonb_build_array(jsonb_build_object(
+            'error', 'rescued as duplicate: ' || %(error)s::text
+                     || ', and a newer job holds its unique key',
+            'attempt', j.attempt, 'at', now(), 'rescued', %(reason)s::text))
+    WHERE j.id = %(id)s AND ({condition})
+    RETURNING j.*
+)
+SELECT c.* FROM cancelled AS c
+CROSS JOIN LATERAL (
+    SELECT pg_notify('awa_cancel', json_build_object('job_id', c.id, 'run_lease', c.run_lease)::text)
+) AS announced
 
 -- name: delete_finished
 -- Retention: finished jobs older than their retention, oldest first, in bounded batches.
