@@ -5,10 +5,29 @@ database tests can only reach by chance timing)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import itertools
 from typing import Any
 
 from awa.worker.config import QueueConfig
 from awa.worker.dispatcher import QueueDispatcher
+
+
+@dataclasses.dataclass
+class FakeJob:
+    """What the dispatcher reads of a claimed job: the order it was claimed in."""
+
+    name: str
+    priority: int = 2
+    id: int = dataclasses.field(default_factory=itertools.count(1).__next__)
+
+    @property
+    def _claim_order(self) -> tuple[int, float, int]:
+        return (self.priority, 0.0, self.id)
+
+
+def jobs(*names: str) -> list[FakeJob]:
+    return [FakeJob(name) for name in names]
 
 
 class Scripted:
@@ -26,10 +45,10 @@ class Scripted:
         await self.claims.put(answer)
         return await answer
 
-    async def execute(self, job: Any, config: QueueConfig) -> None:
-        self.started.append(job)
+    async def execute(self, job: FakeJob, config: QueueConfig) -> None:
+        self.started.append(job.name)
         if not self.stopping:
-            await self.released.setdefault(job, asyncio.Event()).wait()
+            await self.released.setdefault(job.name, asyncio.Event()).wait()
 
     async def next_claim(self) -> asyncio.Future[list[Any]]:
         async with asyncio.timeout(5):
@@ -68,7 +87,7 @@ async def test_a_notification_during_a_short_claim_is_not_forgotten() -> None:
         # A job is inserted while the claim runs, too late for its snapshot: its notification
         # arrives before the claim comes back short (3 of the 5 asked for).
         dispatcher.wake()
-        first.set_result(["a", "b", "c"])
+        first.set_result(jobs("a", "b", "c"))
         await script.started_job("a")
         # One slot busy, two jobs buffered: no room worth a claim until a slot frees.
         assert script.claims.empty()
@@ -89,7 +108,7 @@ async def test_a_slot_freed_after_a_short_claim_does_not_claim() -> None:
     dispatcher.start()
     try:
         # Two slots free, one job found: the claim came back short, the queue is empty.
-        (await script.next_claim()).set_result(["a"])
+        (await script.next_claim()).set_result(jobs("a"))
         await script.started_job("a")
         script.released["a"].set()
         for _ in range(50):  # let every ready task run: a wrong claim would be queued now
@@ -97,7 +116,31 @@ async def test_a_slot_freed_after_a_short_claim_does_not_claim() -> None:
         assert script.claims.empty()
         # A notification does bring a claim.
         dispatcher.wake()
-        (await script.next_claim()).set_result(["b"])
+        (await script.next_claim()).set_result(jobs("b"))
         await script.started_job("b")
+    finally:
+        await script.stop(dispatcher)
+
+
+async def test_a_more_urgent_job_overtakes_the_buffered_ones() -> None:
+    script = Scripted()
+    config = QueueConfig("default", max_workers=1, prefetch=4, poll_interval=30)
+    dispatcher = QueueDispatcher(
+        config, claim=script.claim, execute=script.execute, backlogged=lambda: False
+    )
+    dispatcher._mean_duration = 0.001  # quick handlers: the full prefetch allowance (4)
+    dispatcher.start()
+    try:
+        low = [FakeJob(name, priority=4) for name in ("low-1", "low-2")]
+        (await script.next_claim()).set_result(low)
+        await script.started_job("low-1")
+        # A low-priority job waits in the buffer when an urgent one arrives.
+        dispatcher.wake()
+        (await script.next_claim()).set_result([FakeJob("urgent", priority=1)])
+        for _ in range(50):  # let the claimed job reach the buffer
+            await asyncio.sleep(0)
+        script.released["low-1"].set()
+        await script.started_job("urgent")
+        assert script.started == ["low-1", "urgent"]
     finally:
         await script.stop(dispatcher)

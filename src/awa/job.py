@@ -239,6 +239,12 @@ class Job(Generic[A]):
         return self._timestamp("_run_at")  # type: ignore[no-any-return]
 
     @property
+    def _claim_order(self) -> tuple[int, float, int]:
+        """The order jobs are claimed in: priority, then run_at, then id."""
+        run_at = self._run_at
+        return (self.priority, run_at if isinstance(run_at, float) else run_at.timestamp(), self.id)
+
+    @property
     def created_at(self) -> dt.datetime:
         return self._timestamp("_created_at")  # type: ignore[no-any-return]
 

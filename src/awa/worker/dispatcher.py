@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -43,7 +45,13 @@ class QueueDispatcher:
         self._claim = claim
         self._execute = execute
         self._backlogged = backlogged
-        self._ready: asyncio.Queue[Job[Any] | None] = asyncio.Queue()
+        # Claimed jobs waiting for a slot, in claim order (priority, then run_at, then id),
+        # so that a more urgent job claimed later overtakes the buffered ones. The stop
+        # markers sort after every job.
+        self._ready: asyncio.PriorityQueue[tuple[tuple[float, float, int], Job[Any] | None]] = (
+            asyncio.PriorityQueue()
+        )
+        self._stop_markers = itertools.count()
         self._wake = asyncio.Event()
         self._running = 0
         self._mean_duration: float | None = None
@@ -127,7 +135,7 @@ class QueueDispatcher:
                 delay = 0.1
                 self._failures.succeeded()
                 for job in jobs:
-                    self._ready.put_nowait(job)
+                    self._ready.put_nowait((job._claim_order, job))
                 self.claimed += len(jobs)
                 if len(jobs) == size:
                     self._more_waiting = True
@@ -146,7 +154,7 @@ class QueueDispatcher:
     async def _slot(self) -> None:
         ready = self._ready
         while True:
-            job = await ready.get()
+            _, job = await ready.get()
             if job is None:
                 return
             self._running += 1
@@ -185,7 +193,7 @@ class QueueDispatcher:
                     await self._dispatcher
         unstarted = []
         while not self._ready.empty():
-            job = self._ready.get_nowait()
+            _, job = self._ready.get_nowait()
             if job is not None:
                 unstarted.append(job)
         return unstarted
@@ -193,7 +201,7 @@ class QueueDispatcher:
     async def drain(self, timeout: float) -> list[asyncio.Task[None]]:
         """Let busy slots finish; returns the slots still busy after ``timeout``."""
         for _ in self._slots:
-            self._ready.put_nowait(None)
+            self._ready.put_nowait(((math.inf, math.inf, next(self._stop_markers)), None))
         if not self._slots:
             return []
         _, pending = await asyncio.wait(self._slots, timeout=timeout)
