@@ -37,3 +37,4 @@ def test_bench_runs_every_scenario(server_url: str) -> None:
     assert report["enqueue"]["producers_8_per_second"] > 0
     assert report["copy"]["raw_copy_per_second"] > 0
     assert report["latency"]["floor_p50_ms"] > 0
+    assert report["latency"]["floor_commit_p50_ms"] >= 0

@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import datetime as dt
 import functools
+import math
 import statistics
 import time
 from collections.abc import Awaitable, Callable
@@ -272,7 +273,7 @@ async def bench_latency(
             finally:
                 await producer.close()
         await _reset(client)
-        floor = await _latency_floor(url, rate, seconds)
+        floor, floor_after_commit = await _latency_floor(url, rate, seconds)
         ms = [value * 1e3 for value in latencies]
         # A job can start before its producer sees the commit return: count that as zero.
         after_commit = [
@@ -291,22 +292,25 @@ async def bench_latency(
                 "commit_p99_ms": percentile(after_commit, 0.99),
                 "floor_p50_ms": percentile(floor, 0.5),
                 "floor_p99_ms": percentile(floor, 0.99),
+                "floor_commit_p50_ms": percentile(floor_after_commit, 0.5),
+                "floor_commit_p99_ms": percentile(floor_after_commit, 0.99),
             },
         )
     finally:
         await client.close()
 
 
-async def _latency_floor(url: str, rate: float, seconds: float) -> list[float]:
-    """Milliseconds from an insert call to the return of the claim that took the job, for
-    bare statements at the same rate: one connection inserts, one listens, one claims (with
-    the worker's claim statement), all on this event loop, no handler and no completion.
-    What this machine allows, for comparison with the figures through awa."""
+async def _latency_floor(url: str, rate: float, seconds: float) -> tuple[list[float], list[float]]:
+    """Milliseconds from an insert call, and from its commit returning, to the return of the
+    claim that took the job, for bare statements at the same rate: one connection inserts,
+    one listens, one claims (with the worker's claim statement), all on this event loop, no
+    handler and no completion. What this machine allows, for comparison with awa's figures."""
     connect = functools.partial(
         psycopg.AsyncConnection.connect, url, **connection_kwargs("awa-bench-floor")
     )
     sent: dict[int, float] = {}
-    latencies: list[float] = []
+    committed: dict[int, float] = {}
+    claimed: dict[int, float] = {}
     params = {"queue": "default", "limit": 16, "deadline": dt.timedelta(minutes=5)}
     async with await connect() as producer, await connect() as listener, await connect() as worker:
         await listener.execute(query("listen_channels"))
@@ -321,7 +325,7 @@ async def _latency_floor(url: str, rate: float, seconds: float) -> list[float]:
                     cursor = await worker.execute(query("claim_jobs"), params)
                     rows = await cursor.fetchall()
                     now = time.perf_counter()
-                    latencies.extend((now - sent[row[0]]) * 1e3 for row in rows if row[0] in sent)
+                    claimed.update((row[0], now) for row in rows)
 
         claimer = asyncio.create_task(claim_on_notify())
         total = int(rate * seconds)
@@ -334,13 +338,18 @@ async def _latency_floor(url: str, rate: float, seconds: float) -> list[float]:
             cursor = await producer.execute(query("bench_raw_insert_returning"))
             row = await cursor.fetchone()
             assert row is not None
+            committed[row[0]] = time.perf_counter()
             sent[row[0]] = before
         deadline = time.monotonic() + 5
-        while len(latencies) < total and time.monotonic() < deadline:
+        while len(claimed) < total and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         stop.set()
         await claimer
-    return latencies or [float("nan")]
+    done = [job_id for job_id in claimed if job_id in sent]
+    # A claim can return before the producer sees its commit return: count that as zero.
+    from_call = [(claimed[job_id] - sent[job_id]) * 1e3 for job_id in done]
+    from_commit = [max(0.0, claimed[job_id] - committed[job_id]) * 1e3 for job_id in done]
+    return from_call or [math.nan], from_commit or [math.nan]
 
 
 def _median(results: list[Result]) -> Result:
