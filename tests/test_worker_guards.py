@@ -14,6 +14,7 @@ import psycopg
 import pytest
 
 import awa
+from awa.worker.config import RuntimeConfig
 from helpers_worker import (
     no_longer_in_flight,
     queue,
@@ -157,6 +158,76 @@ async def test_admin_cancel_reaches_the_running_handler(
     assert final["run_lease"] == 1
     await client.shutdown()
     assert row(conn, job.id) == final
+
+
+async def test_a_handler_ignoring_cancellation_is_interrupted_after_the_grace(
+    client: awa.AsyncClient, conn: Conn
+) -> None:
+    never = asyncio.Event()
+    interrupted = asyncio.Event()
+
+    @client.task(Work)
+    async def handle(job: awa.Job[Work]) -> None:
+        if job.args.n == 0:
+            try:
+                await never.wait()  # ignores is_cancelled()
+            except asyncio.CancelledError:
+                interrupted.set()
+                raise
+
+    await start(client, queue(max_workers=1), cancel_grace=0.2)
+    stubborn = await client.insert(Work(0))
+    await wait_for_state(conn, stubborn.id, "running")
+    await client.cancel(stubborn.id)
+    async with asyncio.timeout(5):
+        await interrupted.wait()
+    # The only slot is free again, and the interrupted attempt changed nothing.
+    after = await client.insert(Work(1))
+    await wait_for_state(conn, after.id, "completed")
+    await no_longer_in_flight(client, stubborn.id)
+    final = row(conn, stubborn.id)
+    assert (final["state"], final["errors"]) == ("cancelled", [])
+    await client.shutdown()
+
+
+async def test_a_handler_that_swallows_the_interruption_keeps_its_slot_working(
+    client: awa.AsyncClient, conn: Conn
+) -> None:
+    swallowed = asyncio.Event()
+
+    @client.task(Work)
+    async def handle(job: awa.Job[Work]) -> None:
+        if job.args.n == 0:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                swallowed.set()  # and returns normally
+            # Later awaits and timeouts of the slot work as usual.
+            async with asyncio.timeout(5):
+                await asyncio.sleep(0)
+        elif job.args.n == 1:
+            # A handler raising CancelledError by itself is a crash like any other, also
+            # in a slot that was interrupted before.
+            raise asyncio.CancelledError
+
+    await start(client, queue(max_workers=1), cancel_grace=0)
+    stubborn = await client.insert(Work(0))
+    await wait_for_state(conn, stubborn.id, "running")
+    await client.cancel(stubborn.id)
+    async with asyncio.timeout(5):
+        await swallowed.wait()
+    crashing = await client.insert(Work(1), max_attempts=1)
+    await wait_for_state(conn, crashing.id, "failed")
+    after = await client.insert(Work(2))
+    await wait_for_state(conn, after.id, "completed")
+    assert row(conn, stubborn.id)["state"] == "cancelled"
+    await client.shutdown()
+
+
+def test_cancel_grace_is_checked() -> None:
+    with pytest.raises(awa.ValidationError, match="cancel_grace"):
+        RuntimeConfig(cancel_grace=-1)
+    assert RuntimeConfig(cancel_grace=None).cancel_grace is None
 
 
 async def test_admin_cancel_reaches_a_sync_handler(client: awa.AsyncClient, conn: Conn) -> None:

@@ -69,6 +69,7 @@ class Job(Generic[A]):
         "_deadline",
         "_errors",
         "_extras",
+        "_interrupt_reason",
         "_metadata",
         "_progress",
         "_progress_version",
@@ -134,6 +135,9 @@ class Job(Generic[A]):
         self._row_base: list[Any] | None = None
         self._extras: AttemptBuffer | None = None
         self._sealed = False
+        # Set when the runtime interrupts the handler (its attempt was cancelled or rescued
+        # and it ignored is_cancelled()): the CancelledError it gets is then no crash.
+        self._interrupt_reason: str | None = None
 
     @classmethod
     def from_claim(cls, row: tuple[Any, ...], services: AttemptServices | None) -> Job[Any]:
@@ -170,6 +174,7 @@ class Job(Generic[A]):
         job._args = None
         job._extras = None
         job._sealed = False
+        job._interrupt_reason = None
         return job
 
     @property

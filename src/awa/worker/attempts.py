@@ -49,13 +49,14 @@ class InFlight:
     def snapshot(self) -> list[Job[Any]]:
         return list(self._jobs.copy().values())
 
-    def cancel(self, job_id: int, run_lease: int | None = None) -> bool:
-        """Flip ``is_cancelled()`` of the matching attempt; False when it is not ours."""
+    def cancel(self, job_id: int, run_lease: int | None = None) -> Job[Any] | None:
+        """Flip ``is_cancelled()`` of the matching attempt and return it; None when it is
+        not ours."""
         job = self._jobs.get(job_id)
         if job is None or (run_lease is not None and job.run_lease != run_lease):
-            return False
+            return None
         job._cancelled = True
-        return True
+        return job
 
     def cancel_all(self) -> None:
         for job in self.snapshot():

@@ -161,6 +161,10 @@ class RuntimeConfig:
     cleanup_batch_size: int = 5000
     vacuum_interval: float = 10.0
     vacuum_threshold: int = 50_000
+    # Seconds an async handler has to return once its attempt is cancelled or rescued
+    # (is_cancelled() turns true) before it is interrupted with CancelledError, freeing its
+    # slot; None leaves it to the handler. Plain def handlers run on, in their thread.
+    cancel_grace: float | None = 5.0
 
     def __post_init__(self) -> None:
         for field in (
@@ -192,6 +196,12 @@ class RuntimeConfig:
             _positive_seconds(self.vacuum_interval, "vacuum_interval", allow_zero=True),
         )
         _positive_int(self.completion_batch_size, "completion_batch_size")
+        if self.cancel_grace is not None:
+            object.__setattr__(
+                self,
+                "cancel_grace",
+                _positive_seconds(self.cancel_grace, "cancel_grace", allow_zero=True),
+            )
         if self.sync_handler_threads is not None:
             _positive_int(self.sync_handler_threads, "sync_handler_threads")
         if self.heartbeat_staleness < 2 * self.heartbeat_interval:

@@ -97,6 +97,10 @@ async def run_attempt(
     except asyncio.CancelledError as error:
         if shutting_down.is_set():
             outcome = Interrupted(SHUTDOWN_ERROR)
+        elif job._interrupt_reason is not None:
+            # The runtime interrupted it: its attempt is over (cancelled or rescued), so
+            # this outcome's guarded write will be stale.
+            outcome = Interrupted(job._interrupt_reason)
         else:
             current = asyncio.current_task()
             if current is not None and current.cancelling():
@@ -113,6 +117,12 @@ async def run_attempt(
             outcome = Retry(error=format_error(error))
     else:
         outcome = classify(result, job, time.perf_counter() - started)
+    if job._interrupt_reason is not None and not shutting_down.is_set():
+        # Consume the interruption's cancel request (delivered, or swallowed by the
+        # handler), so that the slot's later awaits and timeouts are not disturbed.
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            current.uncancel()
     # The handler has returned: staging closes. Jobs that staged and recorded nothing have
     # no buffer (the common case costs this one check).
     job._sealed = True

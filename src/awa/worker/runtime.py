@@ -77,6 +77,7 @@ class Runtime:
         self.queues = queues
         self.inflight = InFlight()
         self._callback_waiters: dict[int, asyncio.Event] = {}
+        self._handler_tasks: dict[int, tuple[Job[Any], asyncio.Task[Any]]] = {}
         self._interrupting = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         sync_slots = sum(
@@ -344,12 +345,29 @@ class Runtime:
             dispatcher.wake()
 
     def _cancel_attempt(self, job_id: int, run_lease: int | None) -> None:
-        if self.inflight.cancel(job_id, run_lease):
+        job = self.inflight.cancel(job_id, run_lease)
+        if job is not None:
             log.info(
                 "job %s: its running attempt was cancelled or rescued; is_cancelled() is now true",
                 job_id,
             )
             self._wake_callback_waiter(job_id)
+            grace = self.config.cancel_grace
+            if grace is not None and job.id in self._handler_tasks:
+                self._loop.call_later(grace, self._interrupt, job, grace)
+
+    def _interrupt(self, job: Job[Any], grace: float) -> None:
+        """Interrupt an async handler still running an attempt that was cancelled or rescued
+        ``grace`` seconds ago (it ignored is_cancelled()), so that its slot frees up."""
+        running = self._handler_tasks.get(job.id)
+        if running is None or running[0] is not job or job._interrupt_reason is not None:
+            return  # returned meanwhile, or already interrupted
+        job._interrupt_reason = (
+            "interrupted: the attempt was cancelled or rescued, and its handler had not "
+            f"returned {grace:g}s later"
+        )
+        log.warning("job %s (kind %s): %s", job.id, job.kind, job._interrupt_reason)
+        running[1].cancel()
 
     # Claim, execute, finalize ------------------------------------------------------------
 
@@ -385,9 +403,18 @@ class Runtime:
             def on_start() -> None:
                 self._hooks.dispatch(Started(job.snapshot(), job._args), args_type)
 
-        outcome = await run_attempt(
-            job, task, self.threads, shutting_down=self._interrupting, on_start=on_start
-        )
+        # An async handler can be interrupted while it runs (see _interrupt); a plain def
+        # handler cannot (its thread would run on with the slot already given away).
+        current = asyncio.current_task() if task is not None and task.is_async else None
+        if current is not None:
+            self._handler_tasks[job.id] = (job, current)
+        try:
+            outcome = await run_attempt(
+                job, task, self.threads, shutting_down=self._interrupting, on_start=on_start
+            )
+        finally:
+            if current is not None:
+                self._handler_tasks.pop(job.id, None)
         self._callback_waiters.pop(job.id, None)
         try:
             await self._finalize(job, outcome, queue)
