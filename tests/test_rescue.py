@@ -498,16 +498,22 @@ async def test_the_runtime_drains_an_overload_in_bounded_sweeps(
 ) -> None:
     idle_worker(client)
     strand_many(conn, 1500)
+
+    def sweeps() -> list[str]:
+        return [
+            record.getMessage()
+            for record in caplog.records
+            if record.getMessage().startswith("rescued ")
+            and "heartbeat stale" in record.getMessage()
+        ]
+
     with caplog.at_level(logging.WARNING, logger="awa.maintenance"):
         await start(client, **{**RESCUE, "rescue_batch_size": 500})
         await wait_for_all(conn, "retryable", 1500, timeout=10)
+        # A sweep logs after its statement returns, a moment after its rows are visible.
+        await wait_for(lambda: len(sweeps()) >= 3, 5)
         await client.shutdown()
-    sweeps = [
-        record.getMessage()
-        for record in caplog.records
-        if record.getMessage().startswith("rescued ") and "heartbeat stale" in record.getMessage()
-    ]
-    assert [text.split()[1] for text in sweeps] == ["500", "500", "500"]
+    assert [text.split()[1] for text in sweeps()] == ["500", "500", "500"]
     assert count_jobs(conn, "jsonb_array_length(errors) = 1") == 1500
 
 
