@@ -2,8 +2,8 @@
 
 The dispatcher claims jobs in batches sized to what the queue can take: the free handler
 slots, plus a prefetch allowance while handlers are quick. Claimed jobs wait in a local
-buffer for a slot. It wakes on a notification for its queue, when slots free up, or at its
-poll interval.
+buffer for a slot, most urgent first. It wakes on a notification for its queue, when a slot
+frees up while more jobs may wait, or at its poll interval.
 """
 
 from __future__ import annotations
@@ -59,10 +59,10 @@ class QueueDispatcher:
         self._stopping = False
         self._slots: list[asyncio.Task[None]] = []
         self._failures = FailureLog(log, f"claiming on queue {config.name}")
-        # Whether the last claim filled its batch, so more jobs may be waiting. A claim that
-        # came back short found the queue empty: a slot freeing up then has nothing to claim
-        # (a job inserted since sends a notification), and claiming anyway would cost a round
-        # trip per job at low load.
+        # Whether more jobs may be waiting: the last claim filled its batch, or a notification
+        # came since it started. A claim that came back short found the queue empty: a slot
+        # freeing up then has nothing to claim (a job inserted since sends a notification),
+        # and claiming anyway would cost a round trip per job at low load.
         self._more_waiting = True
         self.claimed = 0
 
