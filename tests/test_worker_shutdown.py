@@ -104,12 +104,12 @@ async def test_handler_ignoring_cancellation_is_interrupted_and_requeued(
     @client.task(Work)
     async def handle(job: awa.Job[Work]) -> None:
         try:
-            await asyncio.sleep(job.args.seconds)
+            await asyncio.Event().wait()  # hangs until interrupted
         except asyncio.CancelledError:
             interrupted.append(job.id)
             raise
 
-    job = await client.insert(Work(60), max_attempts=1)
+    job = await client.insert(Work(), max_attempts=1)
     await start(client)
     await wait_for_state(conn, job.id, "running")
     took = await shutdown_within(client, 0.2, limit=5)
@@ -267,7 +267,7 @@ async def test_jobs_given_back_at_shutdown_wake_other_workers(
 
     @client.task(Work)
     async def stubborn(job: awa.Job[Work]) -> None:
-        await asyncio.sleep(job.args.seconds)  # ignores is_cancelled()
+        await asyncio.Event().wait()  # hangs, ignoring is_cancelled(), until interrupted
 
     async with second_client(database_url) as other:
 
@@ -279,8 +279,8 @@ async def test_jobs_given_back_at_shutdown_wake_other_workers(
         await start(client, queue(max_workers=1, prefetch=4, poll_interval=10))
         for job in await client.insert_many([Quick(n) for n in range(5)]):
             await wait_for_state(conn, job.id, "completed")
-        running = await client.insert(Work(60), priority=1)
-        buffered = await client.insert_many([Work(60) for _ in range(2)], priority=2)
+        running = await client.insert(Work(), priority=1)
+        buffered = await client.insert_many([Work() for _ in range(2)], priority=2)
         runtime = client.runtime
         assert runtime is not None
         await wait_for(lambda: runtime.stats()["default"]["buffered"] == 2)

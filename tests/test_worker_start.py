@@ -54,6 +54,7 @@ async def test_sync_handler_runs_in_a_thread_and_the_loop_stays_responsive(
 ) -> None:
     loop_thread = threading.get_ident()
     sync_started = threading.Event()
+    sync_release = threading.Event()
     sync_threads: list[int] = []
     sync_finished_at: list[float] = []
     async_finished_at: list[float] = []
@@ -62,7 +63,7 @@ async def test_sync_handler_runs_in_a_thread_and_the_loop_stays_responsive(
     def blocking(job: awa.Job[Block]) -> None:
         sync_threads.append(threading.get_ident())
         sync_started.set()
-        time.sleep(job.args.seconds)
+        sync_release.wait(job.args.seconds)  # blocks its thread until the test releases it
         sync_finished_at.append(time.monotonic())
 
     @client.task(Ping)
@@ -70,7 +71,7 @@ async def test_sync_handler_runs_in_a_thread_and_the_loop_stays_responsive(
         async_finished_at.append(time.monotonic())
 
     await start(client, queue(max_workers=2))
-    slow = await client.insert(Block(1.5))
+    slow = await client.insert(Block(30))
     await wait_for(sync_started.is_set, 5)
 
     # While the plain def handler sleeps in its thread, the loop keeps ticking...
@@ -83,8 +84,11 @@ async def test_sync_handler_runs_in_a_thread_and_the_loop_stays_responsive(
 
     # ...and an async job on the same worker is claimed, run and completed meanwhile.
     fast = await client.insert(Ping(1))
-    await wait_for_state(conn, fast.id, "completed", timeout=1.2)
-    assert not sync_finished_at, "the async job should finish while the sync one still sleeps"
+    try:
+        await wait_for_state(conn, fast.id, "completed", timeout=5)
+        assert not sync_finished_at, "the async job should finish while the sync one blocks"
+    finally:
+        sync_release.set()
 
     await wait_for_state(conn, slow.id, "completed", timeout=5)
     await client.shutdown()
