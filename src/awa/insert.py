@@ -14,7 +14,7 @@ import struct
 import time
 from collections import Counter
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
-from typing import Any, TypedDict
+from typing import Any, NoReturn, TypedDict
 
 import blake3
 import orjson
@@ -257,13 +257,15 @@ class BatchPreparer:
         except ValidationError as error:
             raise ValidationError(f"job {index}: {error}") from None
 
+    def prepare_all(self, items: Iterable[Any]) -> list[PreparedJob]:
+        return [self.prepare(index, item) for index, item in enumerate(items)]
+
 
 def prepare_many(jobs: Iterable[Any], *, kind: str | None, opts: InsertOpts) -> list[PreparedJob]:
     """Prepare a batch; items are args or EnqueueRequests overriding the shared options."""
     if isinstance(jobs, Mapping | str | bytes):
         raise ValidationError("insert_many() takes a list of jobs")
-    preparer = BatchPreparer(kind, opts)
-    return [preparer.prepare(index, item) for index, item in enumerate(jobs)]
+    return BatchPreparer(kind, opts).prepare_all(jobs)
 
 
 # Rows per statement when a batch goes through the INSERT path.
@@ -283,15 +285,24 @@ def insert_flow(jobs: Sequence[PreparedJob]) -> Flow[list[JobRow]]:
         rows = yield Statement(query("insert_jobs"), {"jobs": payload}, _rows)
         missing = missing_unique_keys(chunk, rows)
         if missing:
-            holders = yield Statement(query("unique_key_holders"), {"keys": missing}, _holders)
             batch_ids = {job.id for job in inserted} | {int(row["id"]) for row in rows}
-            raise unique_conflict(chunk, missing, holders, batch_ids)
+            yield from unique_conflict_flow(chunk, missing, batch_ids)
         rows.sort(key=lambda row: row["id"])
-        inserted.extend(
-            stored_job(job, row["id"], JobState(row["state"]), row["run_at"], row["created_at"])
-            for job, row in zip(chunk, rows, strict=True)
-        )
+        inserted.extend(_inserted(job, row) for job, row in zip(chunk, rows, strict=True))
     return inserted
+
+
+def unique_conflict_flow(
+    jobs: Sequence[PreparedJob], missing: Sequence[bytes], batch_ids: Collection[int] = ()
+) -> Flow[NoReturn]:
+    """Raise the UniqueConflict for keys an insert skipped, naming the jobs that hold them."""
+    holders = yield Statement(query("unique_key_holders"), {"keys": list(missing)}, _holders)
+    raise unique_conflict(jobs, missing, holders, batch_ids)
+
+
+def _inserted(job: PreparedJob, row: Mapping[str, Any]) -> JobRow:
+    """The stored row of a job from what an insert statement returned for it."""
+    return stored_job(job, row["id"], JobState(row["state"]), row["run_at"], row["created_at"])
 
 
 def insert_one_flow(job: PreparedJob) -> Flow[JobRow]:
@@ -315,11 +326,8 @@ def insert_one_flow(job: PreparedJob) -> Flow[JobRow]:
     if not rows:
         if job.unique_key is None:  # only a held unique key skips the row
             raise DatabaseError(f"inserting a {job.kind!r} job returned no row")
-        keys = [job.unique_key]
-        holders = yield Statement(query("unique_key_holders"), {"keys": keys}, _holders)
-        raise unique_conflict([job], keys, holders)
-    row = rows[0]
-    return stored_job(job, row["id"], JobState(row["state"]), row["run_at"], row["created_at"])
+        yield from unique_conflict_flow([job], [job.unique_key])
+    return _inserted(job, rows[0])
 
 
 @dataclasses.dataclass(slots=True)
@@ -347,10 +355,7 @@ def insert_skipping_duplicates_flow(jobs: Sequence[PreparedJob]) -> Flow[Skippin
                     result.duplicates.append(job)
                     continue
                 keyed.discard(job.unique_key)  # later jobs with this key were skipped
-            row = next(remaining)
-            result.inserted.append(
-                stored_job(job, row["id"], JobState(row["state"]), row["run_at"], row["created_at"])
-            )
+            result.inserted.append(_inserted(job, next(remaining)))
     return result
 
 
@@ -368,7 +373,7 @@ def copy_flow(items: Iterable[Any], *, kind: str | None, opts: InsertOpts) -> Fl
     if preparer.checked.unique is not None or any(
         isinstance(item, EnqueueRequest) and item.resolve(opts).unique is not None for item in batch
     ):
-        return (yield from insert_flow(prepare_many(batch, kind=kind, opts=opts)))
+        return (yield from insert_flow(preparer.prepare_all(batch)))
     if not batch:
         return []
     reserved = yield Statement(query("copy_reserve_ids"), {"count": len(batch)}, _first)
