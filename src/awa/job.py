@@ -69,6 +69,7 @@ class Job(Generic[A]):
         "_deadline",
         "_errors",
         "_extras",
+        "_handler_task",
         "_interrupt_reason",
         "_metadata",
         "_progress",
@@ -135,8 +136,10 @@ class Job(Generic[A]):
         self._row_base: list[Any] | None = None
         self._extras: AttemptBuffer | None = None
         self._sealed = False
-        # Set when the runtime interrupts the handler (its attempt was cancelled or rescued
-        # and it ignored is_cancelled()): the CancelledError it gets is then no crash.
+        # The task running the async handler, while it runs: what the runtime cancels to
+        # interrupt a handler that ignored is_cancelled() (see Runtime._interrupt). The
+        # reason is set then, so that the CancelledError it gets is no crash.
+        self._handler_task: asyncio.Task[Any] | None = None
         self._interrupt_reason: str | None = None
 
     @classmethod
@@ -174,6 +177,7 @@ class Job(Generic[A]):
         job._args = None
         job._extras = None
         job._sealed = False
+        job._handler_task = None
         job._interrupt_reason = None
         return job
 

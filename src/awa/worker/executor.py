@@ -90,7 +90,11 @@ async def run_attempt(
     outcome: Outcome
     try:
         if task.is_async:
-            result = await task.handler(job)
+            job._handler_task = asyncio.current_task()
+            try:
+                result = await task.handler(job)
+            finally:
+                job._handler_task = None
         else:
             loop = asyncio.get_running_loop()
             result = await loop.run_in_executor(threads, task.handler, job)

@@ -34,6 +34,10 @@ class Sweep:
     condition: LiteralString  # the query holding the sweep's condition on awa.jobs AS j
     error: str
     metric_kind: str
+    # Whether the rescued attempts are announced on awa_cancel, so that a handler still
+    # running one (in any process) sees is_cancelled(). Not for expired callbacks: the job
+    # was parked, and a handler waiting in wait_for_callback learns it from its row.
+    announce: bool
 
 
 SWEEPS = {
@@ -42,18 +46,21 @@ SWEEPS = {
         "rescue_condition_stale_heartbeat",
         "heartbeat stale: worker presumed dead",
         "heartbeat",
+        announce=True,
     ),
     RescueReason.DEADLINE_EXCEEDED: Sweep(
         RescueReason.DEADLINE_EXCEEDED,
         "rescue_condition_deadline_exceeded",
         "hard deadline exceeded",
         "deadline",
+        announce=True,
     ),
     RescueReason.EXPIRED_CALLBACK: Sweep(
         RescueReason.EXPIRED_CALLBACK,
         "rescue_condition_expired_callback",
         "callback timed out",
         "callback_timeout",
+        announce=False,
     ),
 }
 
@@ -83,6 +90,7 @@ async def rescue(
         "limit": limit,
         "error": sweep.error,
         "reason": sweep.reason.value,
+        "announce": sweep.announce,
     }
     try:
         async with conn.cursor(row_factory=dict_row) as cursor:

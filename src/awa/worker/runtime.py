@@ -77,7 +77,6 @@ class Runtime:
         self.queues = queues
         self.inflight = InFlight()
         self._callback_waiters: dict[int, asyncio.Event] = {}
-        self._handler_tasks: dict[int, tuple[Job[Any], asyncio.Task[Any]]] = {}
         self._interrupting = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         sync_slots = sum(
@@ -238,12 +237,10 @@ class Runtime:
         return duties
 
     async def _rescued(self, rescued: list[Rescue]) -> None:
-        """After a rescue commits: tell handlers still running here, then (apart from the
-        maintenance loop, so user code cannot stall the sweeps) run the Rescued follow-ups
-        and hooks."""
-        for item in rescued:
-            if item.reason is not RescueReason.EXPIRED_CALLBACK:
-                self._cancel_attempt(item.row.id, item.row.run_lease)
+        """After a rescue commits, apart from the maintenance loop (so user code cannot
+        stall the sweeps), run the Rescued follow-ups and hooks. Handlers still running a
+        rescued attempt, here or elsewhere, learn it from the rescue's awa_cancel
+        announcement."""
         task = asyncio.create_task(self._after_rescue(rescued), name="awa-rescued")
         self._rescue_tasks.add(task)
         task.add_done_callback(self._rescue_tasks.discard)
@@ -353,21 +350,22 @@ class Runtime:
             )
             self._wake_callback_waiter(job_id)
             grace = self.config.cancel_grace
-            if grace is not None and job.id in self._handler_tasks:
+            if grace is not None and job._handler_task is not None:
                 self._loop.call_later(grace, self._interrupt, job, grace)
 
     def _interrupt(self, job: Job[Any], grace: float) -> None:
         """Interrupt an async handler still running an attempt that was cancelled or rescued
-        ``grace`` seconds ago (it ignored is_cancelled()), so that its slot frees up."""
-        running = self._handler_tasks.get(job.id)
-        if running is None or running[0] is not job or job._interrupt_reason is not None:
+        ``grace`` seconds ago (it ignored is_cancelled()), so that its slot frees up. A plain
+        def handler cannot be: its thread would run on with the slot given away."""
+        task = job._handler_task
+        if task is None or job._interrupt_reason is not None:
             return  # returned meanwhile, or already interrupted
         job._interrupt_reason = (
             "interrupted: the attempt was cancelled or rescued, and its handler had not "
             f"returned {grace:g}s later"
         )
         log.warning("job %s (kind %s): %s", job.id, job.kind, job._interrupt_reason)
-        running[1].cancel()
+        task.cancel()
 
     # Claim, execute, finalize ------------------------------------------------------------
 
@@ -403,18 +401,9 @@ class Runtime:
             def on_start() -> None:
                 self._hooks.dispatch(Started(job.snapshot(), job._args), args_type)
 
-        # An async handler can be interrupted while it runs (see _interrupt); a plain def
-        # handler cannot (its thread would run on with the slot already given away).
-        current = asyncio.current_task() if task is not None and task.is_async else None
-        if current is not None:
-            self._handler_tasks[job.id] = (job, current)
-        try:
-            outcome = await run_attempt(
-                job, task, self.threads, shutting_down=self._interrupting, on_start=on_start
-            )
-        finally:
-            if current is not None:
-                self._handler_tasks.pop(job.id, None)
+        outcome = await run_attempt(
+            job, task, self.threads, shutting_down=self._interrupting, on_start=on_start
+        )
         self._callback_waiters.pop(job.id, None)
         try:
             await self._finalize(job, outcome, queue)

@@ -73,8 +73,9 @@ j.state = 'waiting_external' AND j.callback_timeout_at < now()
 -- forever. The condition sits on the locking scan itself, so a row that changed after the
 -- statement's snapshot (a heartbeat that just landed, a completion) is re-checked against
 -- the whole condition once locked, not just against its state.
--- Each rescued attempt is announced on awa_cancel (with its run_lease), so that a handler
--- still running it in any process sees job.is_cancelled() (its outcome is stale by now).
+-- With %(announce)s each rescued attempt is announced on awa_cancel (with its run_lease),
+-- so that a handler still running it in any process sees job.is_cancelled() (its outcome
+-- is stale by now).
 WITH locked AS (
     SELECT j.id FROM awa.jobs AS j
     WHERE ({condition})
@@ -100,9 +101,10 @@ WITH locked AS (
     RETURNING j.*
 )
 SELECT r.* FROM rescued AS r
-CROSS JOIN LATERAL (
+LEFT JOIN LATERAL (
     SELECT pg_notify('awa_cancel', json_build_object('job_id', r.id, 'run_lease', r.run_lease)::text)
-) AS announced
+    WHERE %(announce)s
+) AS announced ON true
 
 -- name: rescue_candidate_ids
 -- The slow path after a unique-key collision: candidates one by one.
@@ -110,8 +112,8 @@ SELECT j.id FROM awa.jobs AS j WHERE ({condition}) ORDER BY j.id LIMIT %(limit)s
 
 -- name: cancel_rescued_duplicate
 -- A rescued job whose retry would collide with a newer job holding its unique key: the
--- newer job wins and this one is cancelled, with the reason recorded (and announced on
--- awa_cancel, as in rescue_jobs).
+-- newer job wins and this one is cancelled, with the reason recorded (and announced as in
+-- rescue_jobs).
 WITH cancelled AS (
     UPDATE awa.jobs AS j
     SET state = 'cancelled', finalized_at = now(), heartbeat_at = NULL, deadline_at = NULL,
@@ -126,9 +128,10 @@ WITH cancelled AS (
     RETURNING j.*
 )
 SELECT c.* FROM cancelled AS c
-CROSS JOIN LATERAL (
+LEFT JOIN LATERAL (
     SELECT pg_notify('awa_cancel', json_build_object('job_id', c.id, 'run_lease', c.run_lease)::text)
-) AS announced
+    WHERE %(announce)s
+) AS announced ON true
 
 -- name: delete_finished
 -- Retention: finished jobs older than their retention, oldest first, in bounded batches.
