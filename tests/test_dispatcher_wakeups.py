@@ -5,8 +5,10 @@ database tests can only reach by chance timing)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
+from collections.abc import AsyncIterator
 from typing import Any
 
 from awa.worker.config import QueueConfig
@@ -74,15 +76,34 @@ class Scripted:
                 await asyncio.sleep(0.005)
 
 
-async def test_a_notification_during_a_short_claim_is_not_forgotten() -> None:
-    script = Scripted()
-    config = QueueConfig("default", max_workers=1, prefetch=4, poll_interval=30)
+@contextlib.asynccontextmanager
+async def running(
+    script: Scripted, *, max_workers: int, prefetch: int, quick: bool = False
+) -> AsyncIterator[QueueDispatcher]:
+    """A started dispatcher on the script's claims (30 s poll: only wakeups bring claims);
+    ``quick`` handlers give it the full prefetch allowance. Stopped on exit."""
+    config = QueueConfig("default", max_workers=max_workers, prefetch=prefetch, poll_interval=30)
     dispatcher = QueueDispatcher(
         config, claim=script.claim, execute=script.execute, backlogged=lambda: False
     )
-    dispatcher._mean_duration = 0.001  # quick handlers: the full prefetch allowance (4)
+    if quick:
+        dispatcher._mean_duration = 0.001
     dispatcher.start()
     try:
+        yield dispatcher
+    finally:
+        await script.stop(dispatcher)
+
+
+async def settle() -> None:
+    """Let every ready task run (no clock involved): a claim due now is queued after this."""
+    for _ in range(50):
+        await asyncio.sleep(0)
+
+
+async def test_a_notification_during_a_short_claim_is_not_forgotten() -> None:
+    script = Scripted()
+    async with running(script, max_workers=1, prefetch=4, quick=True) as dispatcher:
         first = await script.next_claim()
         # A job is inserted while the claim runs, too late for its snapshot: its notification
         # arrives before the claim comes back short (3 of the 5 asked for).
@@ -95,52 +116,33 @@ async def test_a_notification_during_a_short_claim_is_not_forgotten() -> None:
         # The freed slot must claim again (the notified job waits), not sit out the 30 s poll.
         second = await script.next_claim()
         second.set_result([])
-    finally:
-        await script.stop(dispatcher)
 
 
 async def test_a_slot_freed_after_a_short_claim_does_not_claim() -> None:
     script = Scripted()
-    config = QueueConfig("default", max_workers=2, prefetch=0, poll_interval=30)
-    dispatcher = QueueDispatcher(
-        config, claim=script.claim, execute=script.execute, backlogged=lambda: False
-    )
-    dispatcher.start()
-    try:
+    async with running(script, max_workers=2, prefetch=0) as dispatcher:
         # Two slots free, one job found: the claim came back short, the queue is empty.
         (await script.next_claim()).set_result(jobs("a"))
         await script.started_job("a")
         script.released["a"].set()
-        for _ in range(50):  # let every ready task run: a wrong claim would be queued now
-            await asyncio.sleep(0)
+        await settle()
         assert script.claims.empty()
         # A notification does bring a claim.
         dispatcher.wake()
         (await script.next_claim()).set_result(jobs("b"))
         await script.started_job("b")
-    finally:
-        await script.stop(dispatcher)
 
 
 async def test_a_more_urgent_job_overtakes_the_buffered_ones() -> None:
     script = Scripted()
-    config = QueueConfig("default", max_workers=1, prefetch=4, poll_interval=30)
-    dispatcher = QueueDispatcher(
-        config, claim=script.claim, execute=script.execute, backlogged=lambda: False
-    )
-    dispatcher._mean_duration = 0.001  # quick handlers: the full prefetch allowance (4)
-    dispatcher.start()
-    try:
+    async with running(script, max_workers=1, prefetch=4, quick=True) as dispatcher:
         low = [FakeJob(name, priority=4) for name in ("low-1", "low-2")]
         (await script.next_claim()).set_result(low)
         await script.started_job("low-1")
         # A low-priority job waits in the buffer when an urgent one arrives.
         dispatcher.wake()
         (await script.next_claim()).set_result([FakeJob("urgent", priority=1)])
-        for _ in range(50):  # let the claimed job reach the buffer
-            await asyncio.sleep(0)
+        await settle()  # the claimed job reaches the buffer
         script.released["low-1"].set()
         await script.started_job("urgent")
         assert script.started == ["low-1", "urgent"]
-    finally:
-        await script.stop(dispatcher)

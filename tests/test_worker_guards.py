@@ -160,6 +160,20 @@ async def test_admin_cancel_reaches_the_running_handler(
     assert row(conn, job.id) == final
 
 
+async def cancel_while_running(
+    client: awa.AsyncClient, conn: Conn, reached: asyncio.Event, *, cancel_grace: float
+) -> int:
+    """Start one slot with ``cancel_grace``, cancel a Work(0) job once it runs, and wait
+    until its handler sets ``reached``; returns the job's id."""
+    await start(client, queue(max_workers=1), cancel_grace=cancel_grace)
+    job = await client.insert(Work(0))
+    await wait_for_state(conn, job.id, "running")
+    await client.cancel(job.id)
+    async with asyncio.timeout(5):
+        await reached.wait()
+    return job.id
+
+
 async def test_a_handler_ignoring_cancellation_is_interrupted_after_the_grace(
     client: awa.AsyncClient, conn: Conn
 ) -> None:
@@ -175,17 +189,12 @@ async def test_a_handler_ignoring_cancellation_is_interrupted_after_the_grace(
                 interrupted.set()
                 raise
 
-    await start(client, queue(max_workers=1), cancel_grace=0.2)
-    stubborn = await client.insert(Work(0))
-    await wait_for_state(conn, stubborn.id, "running")
-    await client.cancel(stubborn.id)
-    async with asyncio.timeout(5):
-        await interrupted.wait()
+    stubborn = await cancel_while_running(client, conn, interrupted, cancel_grace=0.2)
     # The only slot is free again, and the interrupted attempt changed nothing.
     after = await client.insert(Work(1))
     await wait_for_state(conn, after.id, "completed")
-    await no_longer_in_flight(client, stubborn.id)
-    final = row(conn, stubborn.id)
+    await no_longer_in_flight(client, stubborn)
+    final = row(conn, stubborn)
     assert (final["state"], final["errors"]) == ("cancelled", [])
     await client.shutdown()
 
@@ -210,17 +219,12 @@ async def test_a_handler_that_swallows_the_interruption_keeps_its_slot_working(
             # in a slot that was interrupted before.
             raise asyncio.CancelledError
 
-    await start(client, queue(max_workers=1), cancel_grace=0)
-    stubborn = await client.insert(Work(0))
-    await wait_for_state(conn, stubborn.id, "running")
-    await client.cancel(stubborn.id)
-    async with asyncio.timeout(5):
-        await swallowed.wait()
+    stubborn = await cancel_while_running(client, conn, swallowed, cancel_grace=0)
     crashing = await client.insert(Work(1), max_attempts=1)
     await wait_for_state(conn, crashing.id, "failed")
     after = await client.insert(Work(2))
     await wait_for_state(conn, after.id, "completed")
-    assert row(conn, stubborn.id)["state"] == "cancelled"
+    assert row(conn, stubborn)["state"] == "cancelled"
     await client.shutdown()
 
 
