@@ -167,6 +167,38 @@ async def test_a_freed_slot_does_not_claim_from_a_queue_found_empty(
     assert claims <= 6
 
 
+async def test_a_more_urgent_job_overtakes_prefetched_ones(
+    client: awa.AsyncClient, conn: Conn
+) -> None:
+    release = asyncio.Event()
+    order: list[int] = []
+
+    @client.task(Ping)
+    async def handle(job: awa.Job[Ping]) -> None:
+        order.append(job.args.n)
+        if job.args.n == 0:
+            await release.wait()
+
+    await start(client, queue(max_workers=1, prefetch=4, poll_interval=10))
+    runtime = client.runtime
+    assert runtime is not None
+    # Quick jobs teach the dispatcher that handlers are fast, so it prefetches.
+    for job in await client.insert_many([Ping(100 + n) for n in range(5)]):
+        await wait_for_state(conn, job.id, "completed")
+    order.clear()
+    blocker = await client.insert(Ping(0), priority=1)
+    await wait_for_state(conn, blocker.id, "running")
+    low = await client.insert(Ping(1), priority=4)
+    await wait_for(lambda: runtime.stats()["default"]["buffered"] == 1)
+    urgent = await client.insert(Ping(2), priority=1)
+    await wait_for(lambda: runtime.stats()["default"]["buffered"] == 2)
+    release.set()
+    for job in (blocker, low, urgent):
+        await wait_for_state(conn, job.id, "completed")
+    await client.shutdown()
+    assert order == [0, 2, 1]
+
+
 async def test_queue_name_of_200_characters(client: awa.AsyncClient, conn: Conn) -> None:
     name = "q" * 190 + "é" * 10
     assert len(name) == 200
