@@ -383,7 +383,6 @@ class Runtime:
                 await cursor.execute(query("claim_jobs"), params)
                 rows = await cursor.fetchall()
         jobs = [Job.from_claim(row, self) for row in rows]
-        jobs.sort(key=lambda job: job._claim_order)
         for job in jobs:
             self.inflight.add(job)
         if jobs:
