@@ -229,16 +229,26 @@ async def test_start_with_an_unknown_queue_option_is_refused(client: awa.AsyncCl
     assert client.runtime is None
 
 
-async def test_start_refuses_a_task_whose_queue_is_not_started(
-    client: awa.AsyncClient,
-) -> None:
+async def test_start_runs_exactly_the_queues_given(client: awa.AsyncClient, conn: Conn) -> None:
+    # A task on a queue this process does not run is simply not claimed here: another
+    # process of the fleet runs that queue.
     @client.task(Ping, queue="elsewhere")
     async def handle(job: awa.Job[Ping]) -> None:
         pass
 
-    with pytest.raises(awa.ValidationError, match="elsewhere"):
-        await client.start([("default", 1)])
-    assert client.runtime is None
+    @client.task(Block, queue="here")
+    async def block(job: awa.Job[Block]) -> None:
+        pass
+
+    await start(client, queue("here"))
+    try:
+        assert [config.name for config in client.runtime.queues] == ["here"]  # type: ignore[union-attr]
+        done = await client.insert(Block(0))
+        elsewhere = await client.insert(Ping(1))
+        await wait_for_state(conn, done.id, "completed")
+        assert (await client.get_job(elsewhere.id)).state is awa.JobState.AVAILABLE  # type: ignore[union-attr]
+    finally:
+        await client.shutdown()
 
 
 async def test_start_twice_is_refused_and_tasks_cannot_be_added_while_running(
@@ -266,8 +276,11 @@ async def test_bad_runtime_settings_are_refused(client: awa.AsyncClient) -> None
 
     with pytest.raises(awa.ValidationError, match="heartbeat_staleness"):
         await client.start(queue(), heartbeat_interval=1.0, heartbeat_staleness=1.5)
-    with pytest.raises(TypeError):
+    with pytest.raises(
+        awa.ValidationError, match=r"unknown option\(s\) \['no_such_setting'\]"
+    ) as e:
         await client.start(queue(), no_such_setting=1)
+    assert "heartbeat_interval" in str(e.value)  # the valid ones are listed
     assert client.runtime is None
 
 

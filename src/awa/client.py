@@ -30,7 +30,7 @@ from awa.db import (
     sync_pool,
     translate_errors,
 )
-from awa.errors import AwaError, DatabaseError, SchemaNotMigrated, ValidationError
+from awa.errors import AwaError, DatabaseError, SchemaNotMigrated
 from awa.followups import FollowUpRegistry
 from awa.health import HealthCheck, health_flow, runtime_health, schema_missing, unreachable
 from awa.hooks import HookDispatcher, HookRegistry
@@ -87,7 +87,7 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
         self._tasks = TaskRegistry()
         self._runtime: Runtime | None = None
         self._hooks = HookRegistry()
-        self._follow_ups = FollowUpRegistry()
+        self._follow_ups = FollowUpRegistry(self._tasks.routes)
         self.hook_dispatcher = HookDispatcher(self._hooks)
 
     @property
@@ -160,7 +160,7 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
         UniqueConflict when ``unique_opts`` finds an existing job.
         """
         kind, opts = split_kwargs("insert", kwargs)
-        job = prepare_job(args, kind=kind, opts=opts)
+        job = prepare_job(args, kind=kind, opts=opts, routes=self._tasks.routes)
         async with self.connection() as conn:
             return (await insert_prepared_async(conn, [job]))[0]
 
@@ -170,7 +170,7 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
         """Insert several jobs atomically. Items are args, or ``awa.EnqueueRequest`` to
         override the shared keyword options for one job."""
         kind, opts = split_kwargs("insert_many", kwargs)
-        prepared = prepare_many(jobs, kind=kind, opts=opts)
+        prepared = prepare_many(jobs, kind=kind, opts=opts, routes=self._tasks.routes)
         async with self.connection() as conn:
             return await insert_prepared_async(conn, prepared)
 
@@ -180,7 +180,8 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
         """Bulk insert with COPY (atomic); same arguments as ``insert_many``."""
         kind, opts = split_kwargs("insert_many_copy", kwargs)
         async with self.connection() as conn, conn.transaction():
-            return await drive_async(conn, copy_flow(jobs, kind=kind, opts=opts))
+            flow = copy_flow(jobs, kind=kind, opts=opts, routes=self._tasks.routes)
+            return await drive_async(conn, flow)
 
     def transaction(self) -> Transaction:
         """A transaction: ``async with client.transaction() as tx`` or
@@ -195,7 +196,7 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
             if self._pool is not None:
                 await self._pool.putconn(conn)
 
-        return Transaction(acquire, release)
+        return Transaction(acquire, release, self._tasks.routes)
 
     # Worker -------------------------------------------------------------------------------
 
@@ -224,7 +225,8 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
         a dict ``{"email": 8, "billing": {"max_workers": 2, "deadline_duration": 60}}``
         with per-queue options (max_workers, poll_interval, deadline_duration,
         claim_batch_size, prefetch, retry=awa.RetryPolicy(...)), or None for every queue a
-        task declared. ``options`` are runtime settings (see ``awa.RuntimeConfig``)."""
+        task declared. Exactly these queues are claimed from: other processes may run the
+        rest. ``options`` are runtime settings (see ``awa.RuntimeConfig``)."""
         from awa.worker.config import RuntimeConfig, parse_queues
         from awa.worker.runtime import Runtime
 
@@ -232,20 +234,16 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
             raise AwaError("the worker is already running")
         if len(self._tasks) == 0:
             raise AwaError("register at least one task (@client.task) before start()")
+        # Exactly the queues given: a fleet may split one task module across processes, each
+        # running some of its queues (jobs of the others are claimed elsewhere).
         configs = parse_queues(queues, self._tasks.queues())
-        missing = sorted(set(self._tasks.queues()) - {config.name for config in configs})
-        if missing:
-            raise ValidationError(
-                f"tasks declare queue(s) {missing} that start() does not run; add them to "
-                "queues (or register those tasks on the queues you run)"
-            )
         async with self.connection() as conn:
             check_version(await drive_async(conn, schema_version_flow()))
         runtime = Runtime(
             self,
             self._tasks,
             configs,
-            RuntimeConfig(**options),
+            RuntimeConfig.from_options(options),
             hooks=self.hook_dispatcher,
             follow_ups=self._follow_ups,
         )

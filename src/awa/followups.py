@@ -25,7 +25,14 @@ from awa import metrics
 from awa.db import Flow, drive_async
 from awa.errors import AwaError
 from awa.events import RescueReason
-from awa.insert import PreparedJob, SkippingInsert, insert_skipping_duplicates_flow, prepare_job
+from awa.insert import (
+    NO_ROUTES,
+    PreparedJob,
+    Routes,
+    SkippingInsert,
+    insert_skipping_duplicates_flow,
+    prepare_job,
+)
 from awa.kinds import decode_args
 from awa.model import EnqueueRequest, InsertOpts, JobRow, check_name
 
@@ -123,11 +130,13 @@ class FollowUpSpec:
 
 
 class FollowUpRegistry:
-    """Specs by trigger and kind, in registration order."""
+    """Specs by trigger and kind, in registration order, and the routes that send a
+    follow-up without ``queue=`` to its kind's queue."""
 
-    def __init__(self) -> None:
+    def __init__(self, routes: Routes = NO_ROUTES) -> None:
         self._specs: dict[tuple[Trigger, str], list[FollowUpSpec]] = {}
         self._kinds: set[str] = set()
+        self.routes = routes
 
     def add(self, spec: FollowUpSpec) -> None:
         check_name("kind", spec.kind)
@@ -151,7 +160,10 @@ class FollowUpRegistry:
 
 
 async def prepare_follow_ups(
-    specs: Sequence[FollowUpSpec], job: JobRow, context: TriggerContext
+    specs: Sequence[FollowUpSpec],
+    job: JobRow,
+    context: TriggerContext,
+    routes: Routes = NO_ROUTES,
 ) -> list[PreparedJob]:
     """Run the closures in order and validate what they ask for (like any insert)."""
     prepared = []
@@ -161,7 +173,7 @@ async def prepare_follow_ups(
         if request is None:
             continue
         try:
-            prepared.append(prepare_job(request, kind=None, opts=defaults))
+            prepared.append(prepare_job(request, kind=None, opts=defaults, routes=routes))
         except Exception as error:
             raise FollowUpError(f"{spec.name}: invalid follow-up: {error}") from error
     return prepared
@@ -172,12 +184,13 @@ async def insert_follow_ups(
     specs: Sequence[FollowUpSpec],
     job: JobRow,
     context: TriggerContext,
+    routes: Routes = NO_ROUTES,
 ) -> SkippingInsert:
     """Run the specs for a committed-to-be transition and insert their follow-ups on
     ``conn`` (inside the transition's transaction). Closures see the row without its
     output: a job must not read another job's output."""
     trigger_row = dataclasses.replace(job, output=None) if job.output is not None else job
-    prepared = await prepare_follow_ups(specs, trigger_row, context)
+    prepared = await prepare_follow_ups(specs, trigger_row, context, routes)
     result = await drive_async(conn, follow_up_flow(prepared))
     attributes = {metrics.KIND: job.kind, "awa.follow_up.trigger": context.trigger.value}
     if result.inserted:

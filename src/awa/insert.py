@@ -12,6 +12,7 @@ import datetime as dt
 import math
 import struct
 import time
+import types
 from collections import Counter
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NoReturn, TypedDict
@@ -38,6 +39,20 @@ from awa.model import (
 from awa.sql import query
 
 UNIQUE_INDEX = "jobs_unique_key_idx"
+
+Routes = Mapping[str, str]
+"""Where a job goes when its insert names no queue: kind -> the queue its task was registered
+on (a client's task registry keeps one); kinds not in it go to ``"default"``."""
+
+NO_ROUTES: Routes = types.MappingProxyType({})
+
+
+def route(routes: Routes, kind: str, queue: str | None) -> str:
+    """The queue a job of ``kind`` goes to: the explicit ``queue``, else its task's, else
+    ``"default"``."""
+    if queue is not None:
+        return queue
+    return routes.get(kind, DEFAULT_QUEUE)
 
 
 def unique_key(kind: str, queue: str | None, args_json: str | None, bucket: int | None) -> bytes:
@@ -135,11 +150,17 @@ def check_opts(opts: InsertOpts) -> CheckedOpts:
 
 
 def prepare_job(
-    args: Any, *, kind: str | None, opts: InsertOpts, checked: CheckedOpts | None = None
+    args: Any,
+    *,
+    kind: str | None,
+    opts: InsertOpts,
+    checked: CheckedOpts | None = None,
+    routes: Routes = NO_ROUTES,
 ) -> PreparedJob:
     """Validate one job and turn it into a PreparedJob; raises ValidationError.
 
-    ``checked`` is ``check_opts(opts)`` when the caller already has it (batches).
+    ``checked`` is ``check_opts(opts)`` when the caller already has it (batches); ``routes``
+    picks the queue when the options name none.
     """
     if isinstance(args, EnqueueRequest):
         kind = args.kind_override if args.kind_override is not None else kind
@@ -151,11 +172,17 @@ def prepare_job(
     if checked is None:
         checked = check_opts(opts)
     job_kind = check_name("kind", kind_for(args, kind))
-    return _prepared(job_kind, args, args_encoder(type(args)), opts, checked)
+    queue = route(routes, job_kind, opts.queue)
+    return _prepared(job_kind, queue, args, args_encoder(type(args)), opts, checked)
 
 
 def _prepared(
-    job_kind: str, args: Any, encoder: Encoder, opts: InsertOpts, checked: CheckedOpts
+    job_kind: str,
+    queue: str,
+    args: Any,
+    encoder: Encoder,
+    opts: InsertOpts,
+    checked: CheckedOpts,
 ) -> PreparedJob:
     value = encode_args(encoder, args)
     args_json = dump_json(value, "args")
@@ -169,14 +196,14 @@ def _prepared(
         period = unique.period_seconds
         key = unique_key(
             job_kind,
-            opts.queue if unique.by_queue else None,
+            queue if unique.by_queue else None,
             dump_json(value, "args", sort_keys=True) if unique.by_args else None,
             period_bucket(period, checked.run_at) if period is not None else None,
         )
         states = unique.mask
     return PreparedJob(  # positional: this runs once per job of a bulk insert
         job_kind,
-        opts.queue,
+        queue,
         value,
         args_json,
         opts.priority,
@@ -195,7 +222,7 @@ class InsertKwargs(TypedDict, total=False):
     """The keyword arguments every insert method accepts (see ``AsyncClient.insert``)."""
 
     kind: str | None
-    queue: str
+    queue: str | None
     priority: int
     max_attempts: int
     tags: Sequence[str] | None
@@ -219,7 +246,7 @@ def split_kwargs(caller: str, kwargs: Mapping[str, Any]) -> tuple[str | None, In
         )
     tags = kwargs.get("tags")
     opts = InsertOpts(
-        queue=kwargs.get("queue", DEFAULT_QUEUE),
+        queue=kwargs.get("queue"),
         priority=kwargs.get("priority", DEFAULT_PRIORITY),
         max_attempts=kwargs.get("max_attempts", DEFAULT_MAX_ATTEMPTS),
         tags=() if tags is None else tags,
@@ -234,14 +261,15 @@ def split_kwargs(caller: str, kwargs: Mapping[str, Any]) -> tuple[str | None, In
 
 class BatchPreparer:
     """Prepares the jobs of one batch: items are args, or EnqueueRequests overriding the
-    shared options. The options are checked once, and the kind and encoder of each args
-    type are looked up once (bulk inserts prepare tens of thousands of jobs a second)."""
+    shared options. The options are checked once, and the kind, queue and encoder of each
+    args type are looked up once (bulk inserts prepare tens of thousands of jobs a second)."""
 
-    def __init__(self, kind: str | None, opts: InsertOpts) -> None:
+    def __init__(self, kind: str | None, opts: InsertOpts, routes: Routes = NO_ROUTES) -> None:
         self._kind = kind
         self._opts = opts
+        self._routes = routes
         self.checked = check_opts(opts)
-        self._by_type: dict[type[Any], tuple[str, Encoder]] = {}
+        self._by_type: dict[type[Any], tuple[str, str, Encoder]] = {}
 
     def prepare(self, index: int, item: Any) -> PreparedJob:
         """Job ``index`` of the batch; a ValidationError names the index."""
@@ -249,11 +277,19 @@ class BatchPreparer:
             cached = self._by_type.get(type(item))
             if cached is None:
                 if isinstance(item, EnqueueRequest):
-                    return prepare_job(item, kind=self._kind, opts=self._opts, checked=self.checked)
-                cached = (check_name("kind", kind_for(item, self._kind)), args_encoder(type(item)))
+                    return prepare_job(
+                        item,
+                        kind=self._kind,
+                        opts=self._opts,
+                        checked=self.checked,
+                        routes=self._routes,
+                    )
+                job_kind = check_name("kind", kind_for(item, self._kind))
+                queue = route(self._routes, job_kind, self._opts.queue)
+                cached = (job_kind, queue, args_encoder(type(item)))
                 self._by_type[type(item)] = cached
-            job_kind, encoder = cached
-            return _prepared(job_kind, item, encoder, self._opts, self.checked)
+            job_kind, queue, encoder = cached
+            return _prepared(job_kind, queue, item, encoder, self._opts, self.checked)
         except ValidationError as error:
             raise ValidationError(f"job {index}: {error}") from None
 
@@ -261,11 +297,13 @@ class BatchPreparer:
         return [self.prepare(index, item) for index, item in enumerate(items)]
 
 
-def prepare_many(jobs: Iterable[Any], *, kind: str | None, opts: InsertOpts) -> list[PreparedJob]:
+def prepare_many(
+    jobs: Iterable[Any], *, kind: str | None, opts: InsertOpts, routes: Routes = NO_ROUTES
+) -> list[PreparedJob]:
     """Prepare a batch; items are args or EnqueueRequests overriding the shared options."""
     if isinstance(jobs, Mapping | str | bytes):
         raise ValidationError("insert_many() takes a list of jobs")
-    return BatchPreparer(kind, opts).prepare_all(jobs)
+    return BatchPreparer(kind, opts, routes).prepare_all(jobs)
 
 
 # Rows per statement when a batch goes through the INSERT path.
@@ -359,7 +397,9 @@ def insert_skipping_duplicates_flow(jobs: Sequence[PreparedJob]) -> Flow[Skippin
     return result
 
 
-def copy_flow(items: Iterable[Any], *, kind: str | None, opts: InsertOpts) -> Flow[list[JobRow]]:
+def copy_flow(
+    items: Iterable[Any], *, kind: str | None, opts: InsertOpts, routes: Routes = NO_ROUTES
+) -> Flow[list[JobRow]]:
     """Bulk insert with COPY; run it inside a transaction.
 
     Jobs are validated and formatted while the COPY streams, so Postgres writes rows while
@@ -369,7 +409,7 @@ def copy_flow(items: Iterable[Any], *, kind: str | None, opts: InsertOpts) -> Fl
     if isinstance(items, Mapping | str | bytes):
         raise ValidationError("insert_many_copy() takes a list of jobs")
     batch = list(items)
-    preparer = BatchPreparer(kind, opts)
+    preparer = BatchPreparer(kind, opts, routes)
     if preparer.checked.unique is not None or any(
         isinstance(item, EnqueueRequest) and item.resolve(opts).unique is not None for item in batch
     ):

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, Unpack
 
 from awa import staging
 from awa.errors import CallbackWaitError, ValidationError
-from awa.insert import InsertKwargs
+from awa.insert import NO_ROUTES, InsertKwargs, Routes
 from awa.model import JobRow, JobState
 from awa.outcomes import CallbackToken
 
@@ -453,6 +453,10 @@ class Job(Generic[A]):
         """The payload ``resume_external`` handed to a job parked by WaitForCallback (it
         runs again with it); None when there is none."""
         return self.metadata.get(CALLBACK_RESULT_KEY)
+
+    def _routes(self) -> Routes:
+        """Where follow-ups staged without ``queue=`` go: their kind's task queue."""
+        return self._services.routes if self._services is not None else NO_ROUTES
 
     def _require_services(self, name: str) -> AttemptServices:
         if self._services is None:

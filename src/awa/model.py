@@ -156,9 +156,10 @@ def to_timedelta(value: float | dt.timedelta, field: str) -> dt.timedelta:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class InsertOpts:
-    """Every per-job option of an insert, with the defaults of ``insert()``."""
+    """Every per-job option of an insert, with the defaults of ``insert()``. ``queue=None``
+    sends the job to the queue its kind's task was registered on, else ``"default"``."""
 
-    queue: str = DEFAULT_QUEUE
+    queue: str | None = None
     priority: int = DEFAULT_PRIORITY
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     tags: Sequence[str] = ()
@@ -170,7 +171,8 @@ class InsertOpts:
 
     def validated(self) -> InsertOpts:
         """Check every option against its limit; returns self or raises ValidationError."""
-        check_name("queue", self.queue)
+        if self.queue is not None:
+            check_name("queue", self.queue)
         check_int_range("priority", self.priority, MIN_PRIORITY, MAX_PRIORITY)
         check_int_range("max_attempts", self.max_attempts, MIN_MAX_ATTEMPTS, MAX_MAX_ATTEMPTS)
         check_tags(self.tags)

@@ -66,7 +66,9 @@ class CallbackResolution:
             if effect is not None:
                 specs = self._follow_ups.specs(effect.context.trigger, effect.row.kind)
                 if specs:
-                    await insert_follow_ups(conn, specs, effect.row, effect.context)
+                    await insert_follow_ups(
+                        conn, specs, effect.row, effect.context, self._follow_ups.routes
+                    )
         if effect is not None:
             await self.hook_dispatcher.dispatch_and_wait(effect.event)
         return result

@@ -31,7 +31,7 @@ from awa.db import Statement, run_async, translate_errors
 from awa.errors import CallbackWaitError, ValidationError
 from awa.events import JobEvent, Started
 from awa.followups import FollowUpError
-from awa.insert import InsertKwargs
+from awa.insert import NO_ROUTES, InsertKwargs, Routes
 from awa.job import CALLBACK_RESULT_KEY, Job
 from awa.kinds import args_to_json_value, derive_kind
 from awa.model import JobRow, JobState, check_name
@@ -126,6 +126,10 @@ class _Services:
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
         return self._loop
+
+    @property
+    def routes(self) -> Routes:
+        return self._client._tasks.routes
 
     async def flush_progress(self, job: Job[Any]) -> None:
         progress = progress_param(job)
@@ -338,7 +342,8 @@ class HandlerJob(Job[A], Generic[A]):
     ``callback_payloads`` in order, and raises CallbackWaitError when none is left or the
     token is not the latest one registered. ``request_cancel()`` makes ``is_cancelled()``
     true. ``await job.run(handler)`` calls the handler and then closes staging, as the
-    runtime does when a handler returns.
+    runtime does when a handler returns. With ``client``, follow-ups staged without
+    ``queue=`` go to their kind's task queue on that client, as in the worker.
     """
 
     def __init__(
@@ -358,6 +363,7 @@ class HandlerJob(Job[A], Generic[A]):
         deadline: dt.datetime | None = None,
         callback_payloads: Iterable[Any] = (),
         callback_result: Any = None,
+        client: AsyncClient | None = None,
     ) -> None:
         if kind is None:
             kind = "job" if isinstance(args, Mapping) else derive_kind(type(args).__name__)
@@ -384,9 +390,13 @@ class HandlerJob(Job[A], Generic[A]):
             progress=progress,
         )
         self._args = args
+        self._task_routes: Routes = client._tasks.routes if client is not None else NO_ROUTES
         self.callbacks: list[RegisteredCallback] = []
         self.progress_flushes: list[dict[str, Any] | None] = []
         self._payloads = collections.deque(callback_payloads)
+
+    def _routes(self) -> Routes:
+        return self._task_routes
 
     @property
     def staging_error(self) -> str | None:

@@ -22,8 +22,10 @@ from psycopg.rows import dict_row
 from awa.db import drive_async, drive_sync, translate_errors
 from awa.errors import AwaError, DatabaseError
 from awa.insert import (
+    NO_ROUTES,
     InsertKwargs,
     PreparedJob,
+    Routes,
     insert_flow,
     insert_one_flow,
     needs_transaction,
@@ -116,9 +118,11 @@ class Transaction:
         self,
         acquire: Callable[[], Awaitable[psycopg.AsyncConnection[Any]]],
         release: Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]],
+        routes: Routes = NO_ROUTES,
     ) -> None:
         self._acquire = acquire
         self._release = release
+        self._routes = routes
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._block: AbstractAsyncContextManager[psycopg.AsyncTransaction] | None = None
         self._done = False
@@ -167,7 +171,7 @@ class Transaction:
     async def insert(self, args: Any, **kwargs: Unpack[InsertKwargs]) -> JobRow:
         """Insert one job in this transaction (see ``AsyncClient.insert``)."""
         kind, opts = split_kwargs("insert", kwargs)
-        job = prepare_job(args, kind=kind, opts=opts)
+        job = prepare_job(args, kind=kind, opts=opts, routes=self._routes)
         return (await insert_prepared_async(self.connection, [job]))[0]
 
     async def insert_many(
@@ -175,9 +179,8 @@ class Transaction:
     ) -> list[JobRow]:
         """Insert several jobs in this transaction (see ``AsyncClient.insert_many``)."""
         kind, opts = split_kwargs("insert_many", kwargs)
-        return await insert_prepared_async(
-            self.connection, prepare_many(jobs, kind=kind, opts=opts)
-        )
+        prepared = prepare_many(jobs, kind=kind, opts=opts, routes=self._routes)
+        return await insert_prepared_async(self.connection, prepared)
 
     async def execute(self, query: str, *params: Any) -> int:
         """Run a statement; returns the number of rows it affected."""

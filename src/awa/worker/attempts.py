@@ -6,6 +6,7 @@ import asyncio
 from typing import Any, Protocol, TypeVar
 
 from awa.db import Statement
+from awa.insert import Routes
 from awa.job import Job
 
 R = TypeVar("R")
@@ -16,6 +17,11 @@ class AttemptServices(Protocol):
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop: ...
+
+    @property
+    def routes(self) -> Routes:
+        """kind -> queue, for follow-ups staged without ``queue=``."""
+        ...
 
     async def flush_progress(self, job: Job[Any]) -> None: ...
 

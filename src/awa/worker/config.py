@@ -166,6 +166,17 @@ class RuntimeConfig:
     # slot; None leaves it to the handler. Plain def handlers run on, in their thread.
     cancel_grace: float | None = 5.0
 
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> RuntimeConfig:
+        """The config for ``start()``'s keyword options; ValidationError names unknown ones."""
+        unknown = sorted(set(options) - _RUNTIME_KEYS)
+        if unknown:
+            raise ValidationError(
+                f"start() got unknown option(s) {unknown}; valid options: "
+                f"{', '.join(sorted(_RUNTIME_KEYS))}"
+            )
+        return cls(**options)
+
     def __post_init__(self) -> None:
         for field in (
             "heartbeat_interval",
@@ -209,3 +220,6 @@ class RuntimeConfig:
                 "heartbeat_staleness must be at least twice heartbeat_interval, or healthy "
                 "jobs would be rescued"
             )
+
+
+_RUNTIME_KEYS = frozenset(field.name for field in dataclasses.fields(RuntimeConfig))

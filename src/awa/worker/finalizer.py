@@ -255,7 +255,8 @@ class Finalizer:
             specs = self._follow_ups.specs(trigger, job.kind)
             if specs:
                 context = trigger_context(trigger, row, outcome)
-                inserted = await insert_follow_ups(conn, specs, row, context)
+                routes = self._follow_ups.routes
+                inserted = await insert_follow_ups(conn, specs, row, context, routes)
                 follow_ups.extend(inserted.inserted)
             # Staged follow-ups go in after the registered specs, with the same rules for
             # duplicates. Only a completion has any left (settle_staged dropped the rest).

@@ -33,6 +33,9 @@ def is_async_callable(handler: Callable[..., Any]) -> bool:
 class TaskRegistry:
     def __init__(self) -> None:
         self._tasks: dict[str, Task] = {}
+        self.routes: dict[str, str] = {}
+        """kind -> the queue its task was registered on: where inserts without ``queue=``
+        send it (``awa.insert.Routes``)."""
 
     def add(
         self,
@@ -52,6 +55,7 @@ class TaskRegistry:
             raise ValidationError(f"the handler for {kind!r} is not callable")
         task = Task(kind, args_type, handler, queue, is_async_callable(handler))
         self._tasks[kind] = task
+        self.routes[kind] = queue
         return task
 
     def get(self, kind: str) -> Task | None:

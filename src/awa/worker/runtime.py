@@ -24,6 +24,7 @@ from awa.followups import (
     insert_follow_ups,
 )
 from awa.hooks import HookDispatcher
+from awa.insert import Routes
 from awa.job import Job
 from awa.kinds import decoder_for
 from awa.model import JobRow, JobState
@@ -79,11 +80,10 @@ class Runtime:
         self._callback_waiters: dict[int, asyncio.Event] = {}
         self._interrupting = asyncio.Event()
         self._loop = asyncio.get_running_loop()
-        sync_slots = sum(
-            queue.max_workers
-            for queue in queues
-            if any(not task.is_async and task.queue == queue.name for task in registry)
-        )
+        # Any queue run here may hold jobs of a def handler (an insert may name any queue), so
+        # they may fill every slot; the pool starts threads only as they are needed.
+        has_sync = any(not task.is_async for task in registry)
+        sync_slots = sum(queue.max_workers for queue in queues) if has_sync else 0
         self.threads = ThreadPoolExecutor(
             max_workers=config.sync_handler_threads or max(1, sync_slots),
             thread_name_prefix="awa-handler",
@@ -117,6 +117,10 @@ class Runtime:
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
         return self._loop
+
+    @property
+    def routes(self) -> Routes:
+        return self.registry.routes
 
     async def flush_progress(self, job: Job[Any]) -> None:
         from awa.worker.completer import progress_param
@@ -260,7 +264,9 @@ class Runtime:
                 try:
                     async with asyncio.timeout(RESCUE_FOLLOW_UP_TIMEOUT):
                         async with self._client.connection() as conn, conn.transaction():
-                            await insert_follow_ups(conn, specs, row, context)
+                            await insert_follow_ups(
+                                conn, specs, row, context, self._follow_ups.routes
+                            )
                 except Exception as error:
                     metrics.follow_up_failures.add(1, {metrics.KIND: row.kind})
                     if isinstance(error, TimeoutError):
