@@ -21,6 +21,7 @@ from psycopg.types.json import Jsonb
 
 import awa
 from awa.cli import CliError, client_from_context, json_option, main, print_json, print_table
+from awa.db import check_database_url, mask_password
 from awa.sql import current_version
 
 UNREACHABLE = "postgresql://nobody@127.0.0.1:1/nowhere?connect_timeout=2"
@@ -53,6 +54,16 @@ def error_line(result: Result) -> str:
     assert result.exit_code == 1, result.output
     assert result.stdout == ""
     assert "Traceback" not in result.output
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ")
+    return lines[0]
+
+
+def usage_line(result: Result) -> str:
+    """The single stderr line of a command given bad input (exit code 2, no usage text)."""
+    assert result.exit_code == 2, result.output
+    assert result.stdout == ""
     lines = result.stderr.splitlines()
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("error: ")
@@ -196,7 +207,26 @@ def test_job_get_json_is_the_full_row(sync_client: awa.Client, database_url: str
 
 def test_job_get_unknown_id(database_url: str) -> None:
     assert error_line(awa_cli("job", "get", "99", url=database_url)) == "error: job 99 not found"
-    assert awa_cli("job", "get", "seven", url=database_url).exit_code == 2
+
+
+@pytest.mark.parametrize("command", ["get", "cancel", "retry"])
+@pytest.mark.parametrize("bad", ["-5", "0", "-0", "seven", "1.5", ""])
+def test_job_id_must_be_a_positive_integer(
+    command: str, bad: str, sync_client: awa.Client, database_url: str
+) -> None:
+    job = sync_client.insert(SendEmail("a"))
+    line = usage_line(awa_cli("job", command, bad, "--json", url=database_url))
+    assert line == f"error: job id must be a positive integer, not {bad or repr(bad)}"
+    assert sync_client.get_job(job.id).state is awa.JobState.AVAILABLE  # type: ignore[union-attr]
+
+
+def test_job_id_argument_keeps_options_working(sync_client: awa.Client, database_url: str) -> None:
+    job = sync_client.insert(SendEmail("a"))
+    for args in (["--json", str(job.id)], [str(job.id), "--json"], ["--json", f"+{job.id}"]):
+        assert json.loads(ok("job", "get", *args, url=database_url).stdout)["id"] == job.id
+    assert usage_line(awa_cli("job", "get", "--jsn", url=database_url)) == (
+        "error: no such option: --jsn"
+    )
 
 
 # job cancel / retry ------------------------------------------------------------------------
@@ -364,7 +394,10 @@ def test_queue_stats(
     assert stats["default"]["paused_by"] == "ops"
 
 
-def test_queue_pause_and_resume(database_url: str, conn: psycopg.Connection[Any]) -> None:
+def test_queue_pause_and_resume(
+    sync_client: awa.Client, database_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    sync_client.insert(SendEmail("a"), queue="mail")
     result = ok("queue", "pause", "mail", "--by", "alice", url=database_url)
     assert result.stdout == "queue mail paused by alice\n"
     row = conn.execute("SELECT paused, paused_by FROM awa.queues WHERE queue = 'mail'")
@@ -378,7 +411,27 @@ def test_queue_pause_and_resume(database_url: str, conn: psycopg.Connection[Any]
     assert paused["paused_by"] == getpass.getuser()
     assert paused["paused"] is True
     assert paused["queue"] == "mail"
+    assert paused["known"] is True
     assert conn.execute("SELECT paused FROM awa.queues").fetchone() == (True,)
+
+
+def test_queue_pause_ahead_of_its_first_job_says_to_check_the_name(
+    sync_client: awa.Client, database_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    sync_client.insert(SendEmail("a"), queue="mail")
+    result = ok("queue", "pause", "mial", "--by", "alice", url=database_url)
+    assert result.stdout == (
+        "queue mial paused by alice (no job has used this queue yet; check the name)\n"
+    )
+    row = conn.execute("SELECT paused, paused_by FROM awa.queues WHERE queue = 'mial'")
+    assert row.fetchone() == (True, "alice")  # paused all the same
+    fresh = json.loads(ok("queue", "pause", "sms", "--json", url=database_url).stdout)
+    assert fresh["known"] is False
+    assert fresh["paused"] is True
+    # Once paused (a row in awa.queues) the queue is known, jobs or not.
+    again = json.loads(ok("queue", "pause", "sms", "--json", url=database_url).stdout)
+    assert again["known"] is True
+    assert "check the name" not in ok("queue", "pause", "mial", url=database_url).stdout
 
 
 def test_queue_resume_when_not_paused(database_url: str) -> None:
@@ -419,6 +472,81 @@ def test_db_url_reads_env_and_option_overrides() -> None:
     assert ok("db", "url", env={"DATABASE_URL": env_url}).stdout == env_url + "\n"
     result = ok("db", "url", "--json", url="postgresql://other/x", env={"DATABASE_URL": env_url})
     assert json.loads(result.stdout) == {"database_url": "postgresql://other/x"}
+
+
+def test_db_url_masks_the_password() -> None:
+    url = "postgresql://app:s3cret@db.example:5432/app?sslmode=require"
+    assert ok("db", "url", url=url).stdout == (
+        "postgresql://app:***@db.example:5432/app?sslmode=require\n"
+    )
+    assert ok("db", "url", "--show-password", url=url).stdout == url + "\n"
+    conninfo = "host=db.example user=app password='s3 cret' dbname=app"
+    masked = json.loads(ok("db", "url", "--json", env={"DATABASE_URL": conninfo}).stdout)
+    assert masked == {"database_url": "host=db.example user=app password=*** dbname=app"}
+    in_query = "postgresql://app@db.example/app?password=s3cret&sslmode=require"
+    assert ok("db", "url", url=in_query).stdout == (
+        "postgresql://app@db.example/app?password=***&sslmode=require\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("postgresql://app:pw@h/db", "postgresql://app:***@h/db"),
+        ("postgres://:pw@h1:5432,h2:5433/db#x", "postgres://:***@h1:5432,h2:5433/db#x"),
+        ("postgresql://app:p%40ss@h/db?password=x", "postgresql://app:***@h/db?password=***"),
+        ("postgresql://app@h/db", "postgresql://app@h/db"),
+        (
+            "postgresql://postgres:@/postgres?host=/run",
+            "postgresql://postgres:@/postgres?host=/run",
+        ),
+        ("host=h password=pw dbname=d", "host=h password=*** dbname=d"),
+        ("host=h password = 'a b\\'c' dbname=d", "host=h password = *** dbname=d"),
+        ("host=h dbname=d", "host=h dbname=d"),
+        ("", ""),
+    ],
+)
+def test_mask_password(url: str, expected: str) -> None:
+    assert mask_password(url) == expected
+
+
+@pytest.mark.parametrize("url", ["mysql://x/y", "sqlite:///jobs.db", "postgresql+psycopg://h/db"])
+def test_non_postgres_url_is_one_error_line(url: str, database_url: str) -> None:
+    scheme = url.split("://")[0]
+    accepted = (
+        "use postgresql://..., postgres://..., or a libpq key=value conninfo string such as "
+        "'host=localhost dbname=app'"
+    )
+    line = error_line(awa_cli("job", "list", url=url))
+    assert line == (
+        f"error: --database-url: the database URL starts with {scheme}://, which is not a "
+        f"PostgreSQL URL; {accepted}"
+    )
+    from_env = error_line(awa_cli("queue", "stats", env={"DATABASE_URL": url}))
+    assert from_env.startswith(f"error: DATABASE_URL: the database URL starts with {scheme}://")
+    assert error_line(awa_cli("db", "url", env={"DATABASE_URL": url})) == from_env
+    # The option overrides the variable, and libpq's key=value form is accepted.
+    conninfo = psycopg.conninfo.make_conninfo(database_url)
+    assert "://" not in conninfo
+    assert ok("job", "list", url=conninfo, env={"DATABASE_URL": url}).stdout == "no jobs found\n"
+
+
+def test_check_database_url() -> None:
+    for good in ("postgresql://h/db", "postgres://h", "host=h dbname=d", "", "dbname=x"):
+        assert check_database_url(good) == good
+    with pytest.raises(awa.ValidationError, match="scheme in lower case"):
+        check_database_url("POSTGRES://h")
+    with pytest.raises(awa.ValidationError, match="neither a PostgreSQL URL nor a valid key="):
+        check_database_url("localhost")
+    with pytest.raises(awa.ValidationError, match=r"not a valid PostgreSQL URL .*%zz"):
+        check_database_url("postgresql://h/db?%zz")
+    # The message never quotes a token that may be the password.
+    with pytest.raises(awa.ValidationError) as raised:
+        check_database_url("user=bob password=pass word")
+    assert "word" not in str(raised.value).replace("password", "")
+    with pytest.raises(awa.ValidationError) as raised:
+        check_database_url("mysql://root:hunter2@h/db")
+    assert "hunter2" not in str(raised.value)
 
 
 def test_unreachable_database_is_one_error_line() -> None:
@@ -487,6 +615,12 @@ def test_console_script_reads_database_url(sync_client: awa.Client, database_url
         1,
         "",
         "error: job 99 not found\n",
+    )
+    negative = _run([str(script), "job", "get", "-5"], database_url)
+    assert (negative.returncode, negative.stdout, negative.stderr) == (
+        2,
+        "",
+        "error: job id must be a positive integer, not -5\n",
     )
 
 

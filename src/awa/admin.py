@@ -43,6 +43,7 @@ __all__ = [
     "heartbeat_callback",
     "list_jobs",
     "pause_queue",
+    "queue_known",
     "queue_stats",
     "resolve_callback",
     "resume_external",
@@ -153,6 +154,14 @@ def pause_queue(queue: str, *, paused_by: str | None = None) -> Statement[None]:
     """Stop workers from claiming jobs of this queue (running jobs finish)."""
     params = {"queue": check_name("queue", queue), "paused_by": paused_by}
     return Statement(query("pause_queue"), params, lambda rows: None)
+
+
+@operation
+def queue_known(queue: str) -> Statement[bool]:
+    """Whether any job has used this queue or it was paused before (a check for typos:
+    pausing a queue ahead of its first job is legitimate)."""
+    params = {"queue": check_name("queue", queue)}
+    return Statement(query("queue_known"), params, lambda rows: bool(rows[0]["known"]))
 
 
 @operation

@@ -38,7 +38,8 @@ from rich.table import Table
 from rich.text import Text
 
 import awa
-from awa.errors import AwaError
+from awa.db import check_database_url, mask_password
+from awa.errors import AwaError, ValidationError
 from awa.migrations import migration_script
 from awa.model import JobRow, JobState
 from awa.sql import current_version
@@ -46,6 +47,7 @@ from awa.sql import current_version
 __all__ = [
     "CliError",
     "CliState",
+    "CliUsageError",
     "client_from_context",
     "database_url_from_context",
     "json_option",
@@ -76,15 +78,23 @@ class CliError(click.ClickException):
         click.echo(f"error: {self.format_message()}", file=file, err=file is None)
 
 
+class CliUsageError(CliError):
+    """Bad input on the command line, said in one line: ``error: <message>``, exit code 2."""
+
+    exit_code = 2
+
+
 def fail(message: str) -> NoReturn:
     raise CliError(message)
 
 
 @dataclasses.dataclass
 class CliState:
-    """What the root group knows: the ``--database-url`` given (or None) and the client."""
+    """What the root group knows: the ``--database-url`` given (or None), where it came
+    from (the option or ``DATABASE_URL``), and the client."""
 
     database_url: str | None = None
+    database_url_source: str = "--database-url"
     client: awa.Client | None = None
 
 
@@ -97,8 +107,18 @@ def _state(ctx: click.Context) -> CliState:
 
 def database_url_from_context(ctx: click.Context) -> str | None:
     """The URL given with ``--database-url`` or ``DATABASE_URL``; None lets the client resolve
-    one (``PG*`` variables, then the embedded server)."""
-    return _state(ctx).database_url
+    one (``PG*`` variables, then the embedded server).
+
+    A URL that is not PostgreSQL's (``mysql://...``) ends the command with one error line
+    naming where it came from and the forms accepted.
+    """
+    state = _state(ctx)
+    if state.database_url is not None:
+        try:
+            check_database_url(state.database_url)
+        except ValidationError as error:
+            fail(f"{state.database_url_source}: {error}")
+    return state.database_url
 
 
 def client_from_context(ctx: click.Context) -> awa.Client:
@@ -108,7 +128,8 @@ def client_from_context(ctx: click.Context) -> awa.Client:
     """
     state = _state(ctx)
     if state.client is None:
-        client = awa.Client(state.database_url, max_connections=2, application_name="awa-cli")
+        given = database_url_from_context(ctx)
+        client = awa.Client(given, max_connections=2, application_name="awa-cli")
         url = client.database_url()
         try:
             with psycopg.connect(url, connect_timeout=CONNECT_TIMEOUT, autocommit=True):
@@ -256,7 +277,12 @@ def main(ctx: click.Context, database_url: str | None) -> None:
     Put global options before the command: awa --database-url URL job list.
     Commands that print data take --json for scripts.
     """
-    ctx.obj = CliState(database_url=database_url or None)
+    source = ctx.get_parameter_source("database_url")
+    from_env = source is click.core.ParameterSource.ENVIRONMENT
+    ctx.obj = CliState(
+        database_url=database_url or None,
+        database_url_source="DATABASE_URL" if from_env else "--database-url",
+    )
 
 
 @main.command()
@@ -294,6 +320,32 @@ def job() -> None:
 
     These commands change rows only: no lifecycle hooks or follow-up jobs fire.
     """
+
+
+class JobId(click.ParamType[int]):
+    """A job id: a positive integer, else one ``error:`` line (exit code 2).
+
+    Commands taking one set ``ignore_unknown_options`` so that ``-5`` reaches this type
+    instead of being reported as an unknown option; a token that is neither a number nor a
+    known option is reported here as an unknown option.
+    """
+
+    name = "id"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+        text = str(value).strip()
+        if text.startswith("-") and not text[1:].isdigit():
+            raise CliUsageError(f"no such option: {text}")
+        digits = text.removeprefix("+")
+        if digits.isascii() and digits.isdigit() and int(digits) > 0:
+            return int(digits)
+        raise CliUsageError(f"job id must be a positive integer, not {text or repr(text)}")
+
+
+JOB_ID = JobId()
+_TAKES_JOB_ID = {"ignore_unknown_options": True}  # see JobId
 
 
 _STATE_CHOICE = click.Choice([state.value for state in JobState], case_sensitive=False)
@@ -417,8 +469,8 @@ def _describe(row: JobRow) -> None:
             click.echo(f"  {_json_block(entry)}")
 
 
-@job.command("get")
-@click.argument("job_id", metavar="ID", type=int)
+@job.command("get", context_settings=_TAKES_JOB_ID)
+@click.argument("job_id", metavar="ID", type=JOB_ID)
 @json_option
 @pass_client
 def get_job(client: awa.Client, job_id: int, as_json: bool) -> None:
@@ -450,8 +502,8 @@ def _report_change(
         click.echo(f"job {row.id} is now {row.state.value}{note}")
 
 
-@job.command("cancel")
-@click.argument("job_id", metavar="ID", type=int)
+@job.command("cancel", context_settings=_TAKES_JOB_ID)
+@click.argument("job_id", metavar="ID", type=JOB_ID)
 @json_option
 @pass_client
 def cancel_job(client: awa.Client, job_id: int, as_json: bool) -> None:
@@ -463,8 +515,8 @@ def cancel_job(client: awa.Client, job_id: int, as_json: bool) -> None:
     _report_change(client, job_id, row, as_json, "only unfinished jobs can be cancelled")
 
 
-@job.command("retry")
-@click.argument("job_id", metavar="ID", type=int)
+@job.command("retry", context_settings=_TAKES_JOB_ID)
+@click.argument("job_id", metavar="ID", type=JOB_ID)
 @json_option
 @pass_client
 def retry_job(client: awa.Client, job_id: int, as_json: bool) -> None:
@@ -564,13 +616,20 @@ def _default_pauser() -> str | None:
 @json_option
 @pass_client
 def pause_queue(client: awa.Client, name: str, paused_by: str | None, as_json: bool) -> None:
-    """Stop workers from claiming jobs of QUEUE; running jobs finish. Inserts still work."""
+    """Stop workers from claiming jobs of QUEUE; running jobs finish. Inserts still work.
+
+    A queue no job has used yet is paused too (ready for its first jobs), with a note to
+    check the name; --json then says "known": false.
+    """
     paused_by = paused_by or _default_pauser()
+    with client.connection() as conn:
+        known = awa.admin.queue_known(conn, name)
     client.pause_queue(name, paused_by=paused_by)
     if as_json:
-        print_json({"queue": name, "paused": True, "paused_by": paused_by})
-    else:
-        click.echo(f"queue {name} paused" + (f" by {paused_by}" if paused_by else ""))
+        print_json({"queue": name, "paused": True, "paused_by": paused_by, "known": known})
+        return
+    note = "" if known else " (no job has used this queue yet; check the name)"
+    click.echo(f"queue {name} paused" + (f" by {paused_by}" if paused_by else "") + note)
 
 
 @queue.command("resume")
@@ -618,10 +677,13 @@ _PG_VARS = {"PGDATABASE": "dbname"} | {
 
 
 @db.command("url")
+@click.option(
+    "--show-password", is_flag=True, help="Print the password too (it shows as *** otherwise)."
+)
 @json_option
 @click.pass_context
-def db_url(ctx: click.Context, as_json: bool) -> None:
-    """Print the connection string awa uses.
+def db_url(ctx: click.Context, show_password: bool, as_json: bool) -> None:
+    """Print the connection string awa uses, its password masked as ***.
 
     The first that is set wins: --database-url, DATABASE_URL, the PG* variables; with none
     of them, the embedded server (started here if it is not running).
@@ -630,6 +692,8 @@ def db_url(ctx: click.Context, as_json: bool) -> None:
     if not url:  # libpq reads the PG* variables: show what they say
         parts = {key: os.environ[var] for var, key in _PG_VARS.items() if os.environ.get(var)}
         url = psycopg.conninfo.make_conninfo("", **parts)
+    if not show_password:
+        url = mask_password(url)
     if as_json:
         print_json({"database_url": url})
     else:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Callable, Coroutine, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, LiteralString, ParamSpec, TypeVar, overload
@@ -38,6 +39,79 @@ def resolve_database_url(url: str | None = None) -> str:
     from awa.embedded import embedded_database_url
 
     return embedded_database_url()
+
+
+_URL_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+POSTGRES_SCHEMES = ("postgresql", "postgres")
+ACCEPTED_FORMS = (
+    "postgresql://..., postgres://..., or a libpq key=value conninfo string "
+    "such as 'host=localhost dbname=app'"
+)
+
+
+def check_database_url(url: str) -> str:
+    """Return ``url`` if libpq can use it, else raise ``ValidationError`` saying which forms
+    are accepted. An empty string passes (libpq then reads the ``PG*`` variables).
+
+    Catches the URL of another database (``mysql://``, ``sqlite://``, SQLAlchemy's
+    ``postgresql+psycopg://``) before a connection attempt fails with libpq's puzzling
+    ``missing "=" after ...``. The message never repeats the URL (it may hold a password).
+    """
+    if not url.strip():
+        return url
+    match = _URL_SCHEME.match(url.strip())
+    if match and match.group(1).lower() in POSTGRES_SCHEMES:
+        if match.group(1) not in POSTGRES_SCHEMES:  # libpq reads the scheme case-sensitively
+            raise ValidationError(
+                f"the database URL starts with {match.group(1)}://; libpq needs the scheme in "
+                "lower case: postgresql:// or postgres://"
+            )
+    elif match:
+        raise ValidationError(
+            f"the database URL starts with {match.group(1)}://, which is not a PostgreSQL "
+            f"URL; use {ACCEPTED_FORMS}"
+        )
+    try:
+        psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError as error:
+        # libpq quotes the token it choked on: leave it out when that may be the password.
+        detail = "" if mask_password(url) != url else f" ({' '.join(str(error).split())})"
+        if match:
+            raise ValidationError(
+                f"the database URL is not a valid PostgreSQL URL{detail}"
+            ) from None
+        raise ValidationError(
+            f"the database URL is neither a PostgreSQL URL nor a valid key=value connection "
+            f"string{detail}; use {ACCEPTED_FORMS}"
+        ) from None
+    return url
+
+
+MASK = "***"
+_CONNINFO_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s']\S*)")
+_QUERY_PASSWORD = re.compile(r"([?&]password=)([^&#]*)")
+
+
+def mask_password(url: str) -> str:
+    """The connection string with any password shown as ``***``: in a URL's user info
+    (``postgresql://user:***@host/db``), in its query (``?password=***``), or in a key=value
+    conninfo string (``password=***``). Everything else is left exactly as written."""
+    match = _URL_SCHEME.match(url.strip())
+    if not match:
+        return _CONNINFO_PASSWORD.sub(lambda m: m.group(1) + MASK, url)
+    scheme_end = url.index("://") + 3
+    authority_end = len(url)
+    for separator in "/?#":
+        position = url.find(separator, scheme_end)
+        if position != -1:
+            authority_end = min(authority_end, position)
+    authority = url[scheme_end:authority_end]
+    userinfo, at, hosts = authority.rpartition("@")
+    user, colon, password = userinfo.partition(":")
+    if at and colon and password:
+        authority = f"{user}:{MASK}@{hosts}"
+    rest = _QUERY_PASSWORD.sub(lambda m: m.group(1) + MASK, url[authority_end:])
+    return url[:scheme_end] + authority + rest
 
 
 # Adapters for awa's own connections: JSON decoded with orjson (several times faster than

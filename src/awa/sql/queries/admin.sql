@@ -125,6 +125,13 @@ ON CONFLICT (queue) DO UPDATE
 SET paused = true, paused_at = now(), paused_by = EXCLUDED.paused_by
 RETURNING queue
 
+-- name: queue_known
+-- Whether the queue has been used: a job (of any state) names it, or it has a row in
+-- awa.queues (paused before). No index leads with queue alone, so for a name no job carries
+-- this reads the whole table: an operator's check, not a hot path.
+SELECT EXISTS (SELECT 1 FROM awa.queues WHERE queue = %(queue)s)
+    OR EXISTS (SELECT 1 FROM awa.jobs WHERE queue = %(queue)s) AS known
+
 -- name: resume_queue
 -- Resuming wakes the queue's workers at once instead of at their next poll.
 WITH resumed AS (
