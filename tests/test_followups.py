@@ -4,7 +4,7 @@ worker path.
 Semantics (seed lifecycle-hooks.md "Durable follow-up jobs", DESIGN §2 and §4.5/4.7,
 semantics.md §7.4-7.7, §8.2 cases 1-6 and §8.3 items 1-5): a follow-up is inserted in the
 same transaction as the outcome that triggers it; a closure that raises (or a follow-up that
-fails validation) rolls the outcome back, leaving the trigger ``running`` for rescue; a
+fails validation) rolls the outcome back, and the attempt is then recorded as failed; a
 follow-up whose unique key is held is skipped and the trigger still commits; ``_with``
 closures may return None to insert nothing. Callback and rescue triggers belong to other
 issues.
@@ -138,12 +138,13 @@ async def test_completed_inserts_follow_up_in_the_same_transaction(
     assert inserted.delta() == 1
 
 
-async def test_raising_closure_rolls_the_trigger_back(
+async def test_raising_closure_rolls_back_and_the_attempt_fails(
     client: awa.AsyncClient, conn: Conn, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """§8.2.2: the closure raises -> the trigger's completion is rolled back (the row is
-    still running), there is no follow-up, the error is logged with the job, the failure is
-    counted, and the worker keeps working."""
+    """§8.2.2 and DESIGN §4.10: the closure raises -> the trigger's completion and the
+    follow-up roll back together; then, in a transaction of its own, the attempt is recorded
+    as failed: retryable with backoff, an error naming the spec's closure and the exception,
+    a Retried event. It never sits in running waiting for rescue. The worker keeps working."""
     caplog.set_level(logging.ERROR, logger="awa.worker")
     recorder = Recorder()
     client.on_event(Signup, recorder)
@@ -161,22 +162,83 @@ async def test_raising_closure_rolls_the_trigger_back(
     failures = Counters.capture("awa.job.follow_up_failures", **{"awa.job.kind": "signup"})
     bad = await insert_trigger(client, 13)
     await start(client, trigger_queue())
-    await wait_for(lambda: failures.delta() == 1)
-    await no_longer_in_flight(client, bad.id)
+    bad_row = await wait_for_state(conn, bad.id, "retryable", timeout=1.0)
     good = await insert_trigger(client, 14)
     await wait_for_state(conn, good.id, "completed")  # the worker keeps running
     [follow_up] = await wait_follow_ups(conn, 1)
     assert follow_up["args"]["triggered_by_job_id"] == good.id
-    bad_row = row(conn, bad.id)
-    assert bad_row["state"] == "running"
-    assert bad_row["finalized_at"] is None
+    assert bad_row["attempt"] == 1
+    [error] = bad_row["errors"]
+    assert error["attempt"] == 1
+    assert "follow-up failed" in error["error"]
+    assert "on_completed_enqueue for 'signup'" in error["error"]
+    assert "spec" in error["error"]  # the closure's name
+    assert "RuntimeError: closure exploded" in error["error"]
     assert failures.delta() == 1
     [record] = [r for r in caplog.records if "follow-up" in r.getMessage()]
     assert f"job {bad.id}" in record.getMessage()
     assert "signup" in record.getMessage()
     assert "closure exploded" in record.getMessage()
     await hooks_idle(client)
-    assert [type(e).__name__ for e in recorder.events if e.job.id == bad.id] == ["Started"]
+    events = [e for e in recorder.events if e.job.id == bad.id]
+    assert [type(e).__name__ for e in events] == ["Started", "Retried"]
+    assert "closure exploded" in events[1].error  # type: ignore[attr-defined]
+
+
+async def test_raising_closure_on_the_last_attempt_exhausts_the_job(
+    client: awa.AsyncClient, conn: Conn
+) -> None:
+    """On its last attempt, a job whose follow-up fails ends failed, with an Exhausted
+    event and the Exhausted follow-ups of its kind (the failure's own specs still run)."""
+    recorder = Recorder()
+    client.on_event(Signup, recorder)
+
+    @client.on_completed_enqueue(Signup)
+    def spec(args: Signup, job: awa.JobRow) -> WelcomeEmail:
+        raise RuntimeError("closure exploded")
+
+    client.on_exhausted_enqueue(Signup, lambda args, job, error, attempt: AuditEntry(attempt))
+
+    @client.task(Signup, queue=TRIGGERS)
+    async def handle(job: awa.Job[Signup]) -> None:
+        return None
+
+    bad = await client.insert(Signup(13), queue=TRIGGERS, max_attempts=1)
+    await start(client, trigger_queue())
+    failed = await wait_for_state(conn, bad.id, "failed", timeout=1.0)
+    assert "closure exploded" in failed["errors"][-1]["error"]
+    [audit] = await wait_follow_ups(conn, 1, kind="audit_entry")
+    assert audit["args"] == {"user_id": 1}
+    await hooks_idle(client)
+    assert [type(e).__name__ for e in recorder.events if e.job.id == bad.id] == [
+        "Started",
+        "Exhausted",
+    ]
+
+
+async def test_failing_failure_follow_ups_still_record_the_failure(
+    client: awa.AsyncClient, conn: Conn
+) -> None:
+    """When the failure's own follow-ups (here the Retried spec) fail as well, the failed
+    attempt is committed without follow-ups rather than left running."""
+
+    @client.on_completed_enqueue(Signup)
+    def spec(args: Signup, job: awa.JobRow) -> WelcomeEmail:
+        raise RuntimeError("completion spec exploded")
+
+    @client.on_retried_enqueue(Signup)
+    def on_retry(args: Signup, job: awa.JobRow, error: str, attempt: int, at: object) -> None:
+        raise RuntimeError("retry spec exploded")
+
+    @client.task(Signup, queue=TRIGGERS)
+    async def handle(job: awa.Job[Signup]) -> None:
+        return None
+
+    bad = await insert_trigger(client, 13)
+    await start(client, trigger_queue())
+    retryable = await wait_for_state(conn, bad.id, "retryable", timeout=1.0)
+    assert "completion spec exploded" in retryable["errors"][-1]["error"]
+    assert follow_ups(conn) == []
 
 
 class ClosureCrash(BaseException):
@@ -190,8 +252,8 @@ async def test_closure_raising_a_base_exception_rolls_back_like_any_error(
     client: awa.AsyncClient, conn: Conn, raised: BaseException
 ) -> None:
     """A closure raising a BaseException subclass, or a CancelledError of its own, is a
-    failing closure like any other: rolled back, counted, the attempt dropped from the
-    runtime (so its heartbeat stops and rescue can recover it), and the worker goes on."""
+    failing closure like any other: rolled back, counted, the attempt recorded as failed,
+    and the worker goes on."""
 
     @client.on_completed_enqueue(Signup)
     def spec(args: Signup, job: awa.JobRow) -> WelcomeEmail:
@@ -207,8 +269,8 @@ async def test_closure_raising_a_base_exception_rolls_back_like_any_error(
     bad = await insert_trigger(client, 13)
     await start(client, trigger_queue(max_workers=1))
     await wait_for(lambda: failures.delta() == 1)
-    await no_longer_in_flight(client, bad.id)
-    assert row(conn, bad.id)["state"] == "running"
+    retryable = await wait_for_state(conn, bad.id, "retryable", timeout=1.0)
+    assert type(raised).__name__ in retryable["errors"][-1]["error"]
     good = await insert_trigger(client, 14)
     await wait_for_state(conn, good.id, "completed")
     [follow_up] = await wait_follow_ups(conn, 1)
@@ -591,7 +653,8 @@ async def test_invalid_follow_up_rolls_back_like_a_raise(
     caplog: pytest.LogCaptureFixture,
     request_for: Any,
 ) -> None:
-    """Follow-ups are validated like any insert: an invalid one rolls the trigger back."""
+    """Follow-ups are validated like any insert: an invalid one rolls the trigger back and
+    the attempt fails with the validation error."""
     caplog.set_level(logging.ERROR, logger="awa.worker")
     client.on_completed_enqueue_with(Signup, lambda args, job: request_for(welcome(args, job)))
 
@@ -603,8 +666,10 @@ async def test_invalid_follow_up_rolls_back_like_a_raise(
     trigger = await insert_trigger(client)
     await start(client, trigger_queue())
     await wait_for(lambda: failures.delta() == 1)
-    await no_longer_in_flight(client, trigger.id)
-    assert row(conn, trigger.id)["state"] == "running"
+    retryable = await wait_for_state(conn, trigger.id, "retryable", timeout=1.0)
+    error = retryable["errors"][-1]["error"]
+    assert "follow-up failed" in error
+    assert "on_completed_enqueue_with for 'signup'" in error
     assert follow_ups(conn) == []
     assert any(f"job {trigger.id}" in r.getMessage() for r in caplog.records)
 
@@ -624,8 +689,8 @@ async def test_plain_closure_returning_none_is_an_error(
     trigger = await insert_trigger(client)
     await start(client, trigger_queue())
     await wait_for(lambda: failures.delta() == 1)
-    await no_longer_in_flight(client, trigger.id)
-    assert row(conn, trigger.id)["state"] == "running"
+    retryable = await wait_for_state(conn, trigger.id, "retryable", timeout=1.0)
+    assert "returned None" in retryable["errors"][-1]["error"]
 
 
 async def test_several_specs_run_in_registration_order(client: awa.AsyncClient, conn: Conn) -> None:
@@ -939,3 +1004,36 @@ def test_counters_route_to_a_meter_provider_set_after_import() -> None:
         [sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=True
     )
     assert result.stdout.strip() == "[('awa.job.follow_up_failures', [1])]"
+
+
+async def test_follow_up_insert_refused_by_the_database_fails_the_attempt(
+    client: awa.AsyncClient, conn: Conn
+) -> None:
+    """A follow-up that passes validation but that the database refuses (here a trigger
+    raises for its kind) is a failed follow-up like a raising closure: the attempt is
+    recorded as failed with the database's message, not left running."""
+    conn.execute(
+        """
+        CREATE FUNCTION awa_test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN RAISE EXCEPTION 'refused by a trigger'; END $$;
+        CREATE TRIGGER awa_test_refuse BEFORE INSERT ON awa.jobs
+            FOR EACH ROW WHEN (NEW.kind = 'audit_entry') EXECUTE FUNCTION awa_test_refuse();
+        """
+    )
+    try:
+        client.on_completed_enqueue(Signup, lambda args, job: AuditEntry(args.user_id))
+
+        @client.task(Signup, queue=TRIGGERS)
+        async def handle(job: awa.Job[Signup]) -> None:
+            return None
+
+        trigger = await insert_trigger(client)
+        await start(client, trigger_queue())
+        retryable = await wait_for_state(conn, trigger.id, "retryable", timeout=1.0)
+        error = retryable["errors"][-1]["error"]
+        assert "inserting the follow-ups of on_completed_enqueue for 'signup'" in error
+        assert "refused by a trigger" in error
+        assert follow_ups(conn, "audit_entry") == []
+    finally:
+        await client.shutdown()
+        conn.execute("DROP TRIGGER awa_test_refuse ON awa.jobs; DROP FUNCTION awa_test_refuse();")

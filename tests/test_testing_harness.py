@@ -287,10 +287,11 @@ async def test_follow_up_specs_run_before_staged_follow_ups(
     assert result.follow_ups[0].id < result.follow_ups[1].id
 
 
-async def test_a_failing_spec_rolls_the_outcome_back(
+async def test_a_failing_spec_fails_the_attempt(
     client: awa.AsyncClient, harness: AwaTestClient, conn: Conn
 ) -> None:
-    """As on a worker: the closure raises, nothing commits, the job stays running."""
+    """As on a worker: the closure raises, the outcome and its follow-ups roll back, and the
+    attempt is recorded as failed, with an error naming the spec."""
 
     def broken(args: StageA, job: awa.JobRow) -> Audit:
         raise RuntimeError("closure bug")
@@ -298,12 +299,14 @@ async def test_a_failing_spec_rolls_the_outcome_back(
     client.on_completed_enqueue(StageA, broken)
     job = await harness.insert(StageA(3))
     result = await harness.work_one(StageA, resolve)
-    assert result.is_rolled_back()
+    assert result.is_retryable()
     assert result.error is not None
     assert "closure bug" in result.error
+    assert "on_completed_enqueue for 'stage_a' (" in result.error
     assert result.job is not None
     assert result.job.id == job.id
-    assert result.job.state is awa.JobState.RUNNING
+    assert result.job.state is awa.JobState.RETRYABLE
+    assert isinstance(result.event, awa.Retried)
     assert jobs_of_kind(conn, "stage_b") == []
 
 

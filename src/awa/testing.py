@@ -41,7 +41,12 @@ from awa.worker import results
 from awa.worker.completer import complete_batch_statement, progress_param
 from awa.worker.config import RetryPolicy
 from awa.worker.executor import run_attempt
-from awa.worker.finalizer import Committed, Finalizer, batched_completed_event
+from awa.worker.finalizer import (
+    Committed,
+    Finalizer,
+    batched_completed_event,
+    commit_or_record_failure,
+)
 from awa.worker.maintenance import promotion_duty
 from awa.worker.registry import Task, is_async_callable
 
@@ -68,11 +73,11 @@ class WorkResult:
     """What ``work_one`` did.
 
     ``outcome`` is "completed", "retryable", "failed", "cancelled", "snoozed", "waiting"
-    (parked on a callback), "no_job" (nothing due), "stale" (the row changed under the
-    attempt, so its outcome wrote nothing) or "rolled_back" (a follow-up failed, so the
-    outcome was rolled back with it and the job is still ``running``, as a worker would
-    leave it for rescue). ``job`` is the row as committed; ``error`` the error this attempt
-    added to it (or why it rolled back); ``event`` the lifecycle event the outcome produced;
+    (parked on a callback), "no_job" (nothing due) or "stale" (the row changed under the
+    attempt, so its outcome wrote nothing). A follow-up that fails rolls its outcome back and
+    the attempt is recorded as failed, as on a worker: "retryable" (or "failed" on the last
+    attempt) with an error naming the follow-up. ``job`` is the row as committed; ``error``
+    the error this attempt added to it; ``event`` the lifecycle event the outcome produced;
     ``follow_ups`` the jobs inserted with it (registered specs' first, then staged ones).
     """
 
@@ -110,9 +115,6 @@ class WorkResult:
 
     def is_stale(self) -> bool:
         return self.outcome == "stale"
-
-    def is_rolled_back(self) -> bool:
-        return self.outcome == "rolled_back"
 
 
 class _Services:
@@ -281,10 +283,12 @@ class AwaTestClient:
             await hooks.dispatch_and_wait(Started(job.snapshot(), job.raw_args))
         errors_before = len(job.errors)
         outcome = await run_attempt(job, task, None, shutting_down=self._never)
-        try:
-            committed = await self._commit(job, outcome)
-        except FollowUpError as failure:
-            return WorkResult("rolled_back", await self.get_job(job.id), str(failure))
+        failures: list[FollowUpError] = []
+
+        async def commit(outcome: results.Outcome, follow_ups: bool) -> Committed | None:
+            return await self._commit(job, outcome, follow_ups)
+
+        committed = await commit_or_record_failure(commit, outcome, failures.append)
         if committed is None:
             return WorkResult("stale", await self.get_job(job.id))
         if committed.event is not None:
@@ -299,12 +303,14 @@ class AwaTestClient:
             tuple(committed.follow_ups),
         )
 
-    async def _commit(self, job: Job[Any], outcome: results.Outcome) -> Committed | None:
+    async def _commit(
+        self, job: Job[Any], outcome: results.Outcome, follow_ups: bool
+    ) -> Committed | None:
         """Commit the way the runtime does: a completion without follow-ups on the batched
         completion statement, everything else through the finalizer."""
         async with self._client.connection() as conn:
             if isinstance(outcome, results.Completed) and not (
-                self._finalizer.needs_own_transaction(job, outcome)
+                self._finalizer.needs_own_transaction(job, outcome, follow_ups=follow_ups)
             ):
                 applied = await run_async(conn, complete_batch_statement([job]))
                 finalized_at = applied.get((job.id, job.run_lease))
@@ -313,7 +319,9 @@ class AwaTestClient:
                 row = await admin.get_job(conn, job.id)
                 assert row is not None
                 return Committed(row, batched_completed_event(job, outcome.duration, finalized_at))
-            return await self._finalizer.commit(conn, job, outcome, self._retry)
+            return await self._finalizer.commit(
+                conn, job, outcome, self._retry, follow_ups=follow_ups
+            )
 
 
 def _last_error(row: JobRow) -> str | None:

@@ -83,7 +83,7 @@ async def run_attempt(
         job._args = decode_args(task.args_type, job.raw_args)
     except Exception as error:
         type_name = getattr(task.args_type, "__name__", str(task.args_type))
-        return Fail(f"failed to decode args of kind {job.kind!r} into {type_name}: {error}")
+        return Fail(f"failed to decode args of kind {job.kind!r} into {type_name}: {error}", error)
     if on_start is not None:
         on_start()  # the handler is about to run, with its args decoded
     started = time.perf_counter()
@@ -111,14 +111,14 @@ async def run_attempt(
                 raise
             # Nobody cancelled this attempt: the handler raised CancelledError itself. That
             # is a crash like any other; re-raising it would kill the slot and strand the job.
-            outcome = Retry(error=format_error(error))
+            outcome = Retry(error=format_error(error), exception=error)
     except TerminalError as error:
-        outcome = Fail(format_error(error))
+        outcome = Fail(format_error(error), error)
     except BaseException as error:
         if isinstance(error, KeyboardInterrupt | SystemExit) and shutting_down.is_set():
             outcome = Interrupted(SHUTDOWN_ERROR)
         else:
-            outcome = Retry(error=format_error(error))
+            outcome = Retry(error=format_error(error), exception=error)
     else:
         outcome = classify(result, job, time.perf_counter() - started)
     if job._interrupt_reason is not None and not shutting_down.is_set():

@@ -3,25 +3,29 @@
 An outcome whose kind has follow-up specs for it, and a completion that staged follow-ups,
 run in one transaction: the guarded transition, then the specs in registration order, then
 the staged follow-ups, then commit. If a closure raises or a follow-up cannot be inserted (a
-duplicate unique key excepted: it is skipped), everything rolls back and the job stays
-``running`` until rescue. Other outcomes are a single guarded statement.
+duplicate unique key excepted: it is skipped), everything rolls back and ``commit`` raises
+FollowUpError; the runtime then records the attempt as failed (``follow_up_failure``), in a
+transaction of its own. Other outcomes are a single guarded statement.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import functools
 import logging
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import psycopg
 
 from awa import metrics
 from awa.db import Flow, Statement, drive_async, run_async
-from awa.errors import UniqueConflict
+from awa.errors import DatabaseError, SchemaNotMigrated, UniqueConflict
 from awa.events import Cancelled, Completed, Exhausted, JobEvent, Retried, WaitingForCallback
 from awa.followups import (
+    FollowUpError,
     FollowUpRegistry,
     Trigger,
     TriggerContext,
@@ -59,6 +63,47 @@ def possible_triggers(job: Job[Any], outcome: results.Outcome) -> tuple[Trigger,
         case results.Park():
             return (Trigger.WAITING_FOR_CALLBACK, Trigger.EXHAUSTED)
     return ()
+
+
+def follow_up_failure(outcome: results.Outcome, error: FollowUpError) -> results.Outcome:
+    """What an attempt becomes when its outcome's follow-ups failed and rolled it back: a
+    failed attempt whose error names the spec and the exception, retried with backoff (or
+    failed on its last attempt); a terminal failure stays terminal."""
+    text = results.storable_text(f"follow-up failed, so the outcome was rolled back: {error}")
+    cause = error.__cause__
+    if cause is not None:
+        # The closure's own traceback (the message already names its exception).
+        _, _, traceback = results.format_error(cause).partition("\n")
+        text = f"{text}\n{traceback}" if traceback else text
+    if isinstance(outcome, results.Fail):
+        return results.Fail(f"{outcome.error}\n{text}", outcome.exception)
+    return results.Retry(error=text, exception=cause or error)
+
+
+CommitOnce = Callable[[results.Outcome, bool], Awaitable["Committed | None"]]
+"""Commits an outcome, with its follow-ups when the flag is true (the runtime's retries
+while the database is unreachable included)."""
+
+
+async def commit_or_record_failure(
+    commit: CommitOnce,
+    outcome: results.Outcome,
+    on_failure: Callable[[FollowUpError], None],
+) -> Committed | None:
+    """Commit ``outcome``; when one of its follow-ups fails (rolling it back), commit the
+    failed attempt instead (``follow_up_failure``) with the failure's own follow-ups
+    (Retried, Exhausted), and if those fail too, without them. ``on_failure`` is told of
+    each failed follow-up."""
+    try:
+        return await commit(outcome, True)
+    except FollowUpError as error:
+        on_failure(error)
+        outcome = follow_up_failure(outcome, error)
+    try:
+        return await commit(outcome, True)
+    except FollowUpError as error:
+        on_failure(error)
+        return await commit(outcome, False)
 
 
 def trigger_of(outcome: results.Outcome, row: JobRow) -> Trigger | None:
@@ -187,9 +232,14 @@ class Finalizer:
     def __init__(self, follow_ups: FollowUpRegistry) -> None:
         self._follow_ups = follow_ups
 
-    def needs_own_transaction(self, job: Job[Any], outcome: results.Outcome) -> bool:
+    def needs_own_transaction(
+        self, job: Job[Any], outcome: results.Outcome, *, follow_ups: bool = True
+    ) -> bool:
         """Whether the outcome commits with follow-ups (its kind has specs for it, or the
-        handler staged some); otherwise it is one statement, or a batched completion."""
+        handler staged some); otherwise it is one statement, or a batched completion.
+        ``follow_ups=False``: the follow-ups are left out (they failed already)."""
+        if not follow_ups:
+            return False
         if job._extras is not None and commits_staged(job, outcome):
             return True
         if not self._follow_ups.has_kind(job.kind):
@@ -204,14 +254,18 @@ class Finalizer:
         job: Job[Any],
         outcome: results.Outcome,
         retry: RetryPolicy,
+        *,
+        follow_ups: bool = True,
     ) -> Committed | None:
-        """Commit ``outcome`` (and its follow-ups); None when the attempt was stale.
+        """Commit ``outcome`` (and its follow-ups, unless ``follow_ups`` is false); None
+        when the attempt was stale.
 
-        Raises FollowUpError (or a database error) when a follow-up fails; nothing is
-        committed then.
+        Raises FollowUpError when a follow-up fails (a closure raised or returned the wrong
+        type, or its insert failed), DatabaseError when the database is unreachable; nothing
+        is committed then.
         """
         try:
-            done = await self._transition(conn, job, outcome, retry)
+            done = await self._transition(conn, job, outcome, retry, follow_ups)
         except _OutcomeCollision:
             log.warning(
                 "job %s (%s): a newer job holds its unique key; cancelling this one",
@@ -241,9 +295,10 @@ class Finalizer:
         job: Job[Any],
         outcome: results.Outcome,
         retry: RetryPolicy,
+        follow_ups_wanted: bool,
     ) -> _Transition:
         flow = transition_flow(job, outcome, retry)
-        if not self.needs_own_transaction(job, outcome):
+        if not self.needs_own_transaction(job, outcome, follow_ups=follow_ups_wanted):
             return _Transition(await _guarded(conn, flow), [], None)
         follow_ups: list[JobRow] = []
         staged: SkippingInsert | None = None
@@ -256,13 +311,16 @@ class Finalizer:
             if specs:
                 context = trigger_context(trigger, row, outcome)
                 routes = self._follow_ups.routes
-                inserted = await insert_follow_ups(conn, specs, row, context, routes)
+                names = ", ".join(spec.name for spec in specs)
+                with _insert_failures(f"inserting the follow-ups of {names}"):
+                    inserted = await insert_follow_ups(conn, specs, row, context, routes)
                 follow_ups.extend(inserted.inserted)
             # Staged follow-ups go in after the registered specs, with the same rules for
             # duplicates. Only a completion has any left (settle_staged dropped the rest).
             buffer = job._extras
             if trigger is Trigger.COMPLETED and buffer is not None and buffer.staged:
-                staged = await drive_async(conn, follow_up_flow(buffer.prepared()))
+                with _insert_failures("inserting the follow-ups staged by the handler"):
+                    staged = await drive_async(conn, follow_up_flow(buffer.prepared()))
                 follow_ups.extend(staged.inserted)
         return _Transition(row, follow_ups, staged)
 
@@ -278,6 +336,19 @@ def _count_staged(job: Job[Any], staged: SkippingInsert) -> None:
         metrics.staged_follow_ups_committed.add(
             len(staged.duplicates), {**attributes, "awa.follow_up.result": "duplicate"}
         )
+
+
+@contextlib.contextmanager
+def _insert_failures(what: str) -> Iterator[None]:
+    """Turn a follow-up insert that the database refused (a value it cannot store, a
+    constraint, an error in a trigger) into FollowUpError, so the attempt takes the failure
+    path. An unreachable database stays DatabaseError: the whole commit is retried."""
+    try:
+        yield
+    except (FollowUpError, DatabaseError, SchemaNotMigrated, psycopg.OperationalError):
+        raise
+    except Exception as error:
+        raise FollowUpError(f"{what} failed: {type(error).__name__}: {error}") from error
 
 
 async def _guarded(conn: psycopg.AsyncConnection[Any], flow: Flow[JobRow | None]) -> JobRow | None:

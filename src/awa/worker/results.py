@@ -16,18 +16,21 @@ class Completed:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Retry:
     """A retryable failure: an exception (error set, backoff delay) or RetryAfter (delay set,
-    no error unless it exhausts the job)."""
+    no error unless it exhausts the job). ``exception`` is what the handler raised, for the
+    log's traceback."""
 
     error: str | None
     delay: float | None = None
     exhausted_error: str | None = None
+    exception: BaseException | None = dataclasses.field(default=None, compare=False)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Fail:
-    """A terminal failure."""
+    """A terminal failure (``exception``: what the handler raised, if it raised)."""
 
     error: str
+    exception: BaseException | None = dataclasses.field(default=None, compare=False)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

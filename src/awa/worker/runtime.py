@@ -35,7 +35,12 @@ from awa.worker.completer import CompletionBatcher, Done
 from awa.worker.config import QueueConfig, RuntimeConfig
 from awa.worker.dispatcher import QueueDispatcher
 from awa.worker.executor import run_attempt
-from awa.worker.finalizer import Committed, Finalizer, batched_completed_event
+from awa.worker.finalizer import (
+    Committed,
+    Finalizer,
+    batched_completed_event,
+    commit_or_record_failure,
+)
 from awa.worker.heartbeat import Heartbeat
 from awa.worker.listener import Listener
 from awa.worker.maintenance import Duty, Maintenance, promotion_duty, vacuum_duty
@@ -439,13 +444,42 @@ class Runtime:
     async def _commit(
         self, job: Job[Any], outcome: Outcome, queue: QueueConfig
     ) -> Committed | None:
-        """Commit an outcome, retrying while the database is unreachable; None when the
-        attempt turned out stale or the outcome could not be saved (rescue recovers it)."""
+        """Commit an outcome; None when the attempt turned out stale or the outcome could
+        not be saved (rescue recovers it). A failing follow-up rolls the outcome back with
+        it, and the attempt is committed as failed instead."""
+
+        def follow_up_failed(error: FollowUpError) -> None:
+            metrics.follow_up_failures.add(1, {metrics.KIND: job.kind})
+            log.error(
+                "job %s (kind %s): a follow-up failed (%s); the outcome was rolled back with "
+                "it and the attempt is recorded as failed",
+                job.id,
+                job.kind,
+                error,
+            )
+
+        async def commit(outcome: Outcome, follow_ups: bool) -> Committed | None:
+            return await self._commit_once(job, outcome, queue, follow_ups)
+
+        try:
+            return await commit_or_record_failure(commit, outcome, follow_up_failed)
+        except AwaError:
+            log.exception("job %s (kind %s): saving its outcome failed", job.id, job.kind)
+            return None
+
+    async def _commit_once(
+        self, job: Job[Any], outcome: Outcome, queue: QueueConfig, follow_ups: bool
+    ) -> Committed | None:
+        """One commit, retried while the database is unreachable (the attempt keeps its
+        heartbeat meanwhile); None when stale or given up at shutdown. A failing follow-up
+        raises FollowUpError."""
         delay = 0.05
         while True:
             try:
                 async with self._client.connection() as conn:
-                    committed = await self._finalizer.commit(conn, job, outcome, queue.retry)
+                    committed = await self._finalizer.commit(
+                        conn, job, outcome, queue.retry, follow_ups=follow_ups
+                    )
                 self._save_failures.succeeded()
                 return committed
             except DatabaseError as error:
@@ -457,19 +491,6 @@ class Runtime:
                 self._save_failures.failed(error, then="retrying; the jobs keep their heartbeat")
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
-            except FollowUpError as error:
-                metrics.follow_up_failures.add(1, {metrics.KIND: job.kind})
-                log.error(
-                    "job %s (kind %s): a follow-up failed, so its outcome was rolled back and "
-                    "the job stays running until rescue: %s",
-                    job.id,
-                    job.kind,
-                    error,
-                )
-                return None
-            except AwaError:
-                log.exception("job %s (kind %s): saving its outcome failed", job.id, job.kind)
-                return None
 
     def _completions_backlogged(self) -> bool:
         return self._completer.pending > 4 * self.config.completion_batch_size
