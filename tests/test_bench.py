@@ -1,30 +1,86 @@
-"""`awa bench` runs every scenario end to end (tiny sizes: this checks it works, not speed)."""
+"""`awa bench` runs every scenario end to end (tiny sizes: this checks it works, not speed),
+and works only in a scratch database of its own: it refuses any other, and drops its own at
+the end, also when a run fails or is interrupted."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import time
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import psycopg
-from click.testing import CliRunner
+import pytest
+from click.testing import CliRunner, Result
 from psycopg import sql
 
+import awa.bench
+from awa.bench import SCRATCH_MARK
 from awa.cli import main
 
+TINY = ["--jobs", "50", "--runs", "1", "--only", "copy", "--json"]
 
-def test_bench_runs_every_scenario(server_url: str) -> None:
+
+def bench(server_url: str, *args: str) -> Result:
+    return CliRunner().invoke(
+        main, ["--database-url", server_url, "bench", *args], catch_exceptions=False
+    )
+
+
+def comment_of(server_url: str, name: str) -> str | None:
+    """The database's comment, "" when it has none, None when it does not exist."""
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT coalesce(shobj_description(oid, 'pg_database'), '')"
+            " FROM pg_database WHERE datname = %s",
+            (name,),
+        ).fetchone()
+    return None if row is None else str(row[0])
+
+
+def scratch_name_in(result: Result) -> str:
+    match = re.search(r"working in the scratch database (\S+) on ", result.stderr)
+    assert match, result.stderr
+    return match.group(1)
+
+
+@pytest.fixture
+def database_name(server_url: str) -> Iterator[str]:
+    """A name for a database of the test's own; dropped afterwards if it exists."""
     name = f"awa_bench_test_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-    args = ["--database-url", server_url, "bench", "--scratch-database", name, "--jobs", "200"]
+    yield name
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
+        conn.execute(drop.format(sql.Identifier(name)))
+
+
+def create_database(server_url: str, name: str, comment: str | None = None) -> str:
+    """A database holding one table with one row; returns its URL."""
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        if comment is not None:
+            mark = sql.SQL("COMMENT ON DATABASE {} IS {}")
+            conn.execute(mark.format(sql.Identifier(name), sql.Literal(comment)))
+    url = psycopg.conninfo.make_conninfo(server_url, dbname=name)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE precious (note text); INSERT INTO precious VALUES ('keep me')")
+    return url
+
+
+def test_bench_runs_every_scenario(server_url: str, database_name: str) -> None:
+    args = ["--scratch-database", database_name, "--jobs", "200"]
     args += ["--runs", "1", "--rate", "50", "--seconds", "0.5", "--json"]
-    try:
-        result = CliRunner().invoke(main, args, catch_exceptions=False)
-        assert result.exit_code == 0, result.output
-        report = json.loads(result.stdout)
-    finally:
-        with psycopg.connect(server_url, autocommit=True) as conn:
-            drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
-            conn.execute(drop.format(sql.Identifier(name)))
+    result = bench(server_url, *args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
     assert set(report) == {"enqueue", "copy", "drain", "drain-hook", "drain-followup", "latency"}
     for scenario in ("enqueue", "copy", "drain", "drain-hook", "drain-followup"):
         assert report[scenario]["jobs"] == 200
@@ -38,3 +94,164 @@ def test_bench_runs_every_scenario(server_url: str) -> None:
     assert report["copy"]["raw_copy_per_second"] > 0
     assert report["latency"]["floor_p50_ms"] > 0
     assert report["latency"]["floor_commit_p50_ms"] >= 0
+    # The database it was told to use did not exist: created, then dropped at the end.
+    assert scratch_name_in(result) == database_name
+    assert comment_of(server_url, database_name) is None
+
+
+def test_default_run_leaves_no_scratch_database_behind(server_url: str) -> None:
+    result = bench(server_url, *TINY)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["copy"]["jobs"] == 50
+    name = scratch_name_in(result)
+    assert re.fullmatch(r"awa_bench_[0-9a-f]{12}", name)
+    assert comment_of(server_url, name) is None
+    # Each run picks a fresh name.
+    assert scratch_name_in(bench(server_url, *TINY)) != name
+
+
+@pytest.mark.parametrize("comment", [None, "team reports", "awa bench scratch"])
+def test_refuses_a_database_it_did_not_create(
+    server_url: str, database_name: str, comment: str | None
+) -> None:
+    url = create_database(server_url, database_name, comment)
+    result = bench(server_url, "--scratch-database", database_name, *TINY)
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert result.stderr == (
+        f"error: database {database_name} exists and was not created by awa bench (it lacks "
+        f"the comment '{SCRATCH_MARK}'); awa bench drops no such database: choose another "
+        "--scratch-database, or leave the option out for a fresh one\n"
+    )
+    # Still there, with its data and its comment.
+    assert comment_of(server_url, database_name) == (comment or "")
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT note FROM precious").fetchall() == [("keep me",)]
+
+
+def test_reuses_a_scratch_database_of_its_own(server_url: str, database_name: str) -> None:
+    """A database carrying the mark (left by a run killed with -9, say) is recreated empty
+    for the run and dropped at the end."""
+    create_database(server_url, database_name, SCRATCH_MARK)
+    seen: list[Any] = []
+    real_run_bench = awa.bench.run_bench
+
+    async def run_bench_and_look(url: str, **kwargs: Any) -> dict[str, dict[str, Any]]:
+        with psycopg.connect(url) as conn:
+            found = conn.execute("SELECT to_regclass('precious')").fetchone()
+        seen.append((found, comment_of(server_url, database_name)))
+        return await real_run_bench(url, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(awa.bench, "run_bench", run_bench_and_look)
+        result = bench(server_url, "--scratch-database", database_name, *TINY)
+    assert result.exit_code == 0, result.output
+    assert seen == [((None,), SCRATCH_MARK)]  # recreated: the old table is gone, marked again
+    assert comment_of(server_url, database_name) is None
+
+
+@pytest.mark.parametrize("interruption", [RuntimeError("boom"), KeyboardInterrupt()])
+def test_drops_its_database_when_a_run_fails_or_is_interrupted(
+    server_url: str, interruption: BaseException
+) -> None:
+    seen: list[str | None] = []
+
+    async def failing_run(url: str, **kwargs: Any) -> dict[str, dict[str, Any]]:
+        name = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
+        assert isinstance(name, str)
+        seen.append(name)
+        seen.append(comment_of(server_url, name))
+        raise interruption
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(awa.bench, "run_bench", failing_run)
+        if isinstance(interruption, KeyboardInterrupt):
+            result = bench(server_url, *TINY)
+            assert result.exit_code == 1  # click reports "Aborted!"
+        else:
+            with pytest.raises(RuntimeError, match="boom"):
+                bench(server_url, *TINY)
+    name, comment = seen
+    assert comment == SCRATCH_MARK
+    assert isinstance(name, str)
+    assert comment_of(server_url, name) is None
+
+
+def wait_for_jobs(url: str, deadline: float) -> None:
+    """Until the benchmark has inserted jobs in its scratch database."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        while True:
+            try:
+                row = conn.execute("SELECT count(*) FROM awa.jobs").fetchone()
+                if row is not None and row[0] > 0:
+                    return
+            except psycopg.errors.UndefinedTable:
+                pass  # not migrated yet
+            assert time.monotonic() < deadline, "no job inserted in time"
+            time.sleep(0.05)
+
+
+def test_ctrl_c_drops_the_scratch_database(server_url: str) -> None:
+    """SIGINT to a real `awa bench` process in the middle of a run."""
+    script = Path(sys.executable).with_name("awa")
+    command = [str(script), "--database-url", server_url, "bench", "--jobs", "1000000"]
+    process = subprocess.Popen(
+        [*command, "--only", "enqueue"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        assert process.stderr is not None
+        selector = selectors.DefaultSelector()
+        selector.register(process.stderr, selectors.EVENT_READ)
+        deadline = time.monotonic() + 30
+        seen = b""
+        while b"(dropped at the end)" not in seen:
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, f"no start line within 30 s: {seen!r}"
+            if selector.select(timeout=remaining):
+                chunk = os.read(process.stderr.fileno(), 4096)
+                assert chunk, f"awa bench exited early: {seen!r}"
+                seen += chunk
+        match = re.search(rb"scratch database (\S+) on ", seen)
+        assert match, seen
+        name = match.group(1).decode()
+        assert comment_of(server_url, name) == SCRATCH_MARK
+        wait_for_jobs(psycopg.conninfo.make_conninfo(server_url, dbname=name), deadline)
+        process.send_signal(signal.SIGINT)
+        process.communicate(timeout=30)
+        assert process.returncode != 0
+        assert comment_of(server_url, name) is None
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--jobs", "0"], "Invalid value for '--jobs': 0 is not in the range x>=1."),
+        (["--runs", "0"], "Invalid value for '--runs': 0 is not in the range x>=1."),
+        (["--concurrency", "-2"], "Invalid value for '--concurrency': -2 is not in the range"),
+        (["--seconds", "0"], "Invalid value for '--seconds': 0.0 is not in the range x>0."),
+        (["--rate", "-1"], "Invalid value for '--rate': -1.0 is not in the range x>0."),
+        (["--rate", "many"], "Invalid value for '--rate': 'many' is not a valid float"),
+        (
+            ["--rate", "1", "--seconds", "0.5"],
+            "--rate x --seconds is 0.5: the latency run needs at least 1 job",
+        ),
+    ],
+)
+def test_rejects_bad_numbers_before_touching_the_server(
+    server_url: str, args: list[str], message: str
+) -> None:
+    result = bench(server_url, *args)
+    assert result.exit_code == 2
+    assert message in result.stderr
+    assert "working in the scratch database" not in result.stderr
+
+
+def test_rejects_a_name_postgres_would_truncate(server_url: str) -> None:
+    result = bench(server_url, "--scratch-database", "b" * 64, *TINY)
+    assert result.exit_code == 1
+    assert result.stderr == ("error: --scratch-database must be a database name of 1 to 63 bytes\n")
+    assert comment_of(server_url, "b" * 63) is None

@@ -1,20 +1,24 @@
 """``awa bench``: measure enqueue, COPY, drain and latency on a scratch database.
 
-Each scenario runs ``--runs`` times and reports the median. The benchmark creates its own
-database (``awa_bench``, dropped and recreated each time) on the configured server, so it
-never touches your jobs. Figures depend on the machine: compare runs made on the same one.
+Each scenario runs ``--runs`` times and reports the median. The benchmark works only in a
+database it creates on the configured server (``awa_bench_<random hex>``, or the name given
+with ``--scratch-database``), marks as its own with a comment, and drops when it ends, also on
+an error or Ctrl-C. It never drops a database that lacks its mark, so it cannot harm your
+data. Figures depend on the machine: compare runs made on the same one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import datetime as dt
 import functools
 import math
+import secrets
 import statistics
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import click
@@ -25,10 +29,14 @@ from rich.progress import Progress
 
 import awa
 from awa.cli import database_url_from_context, json_option, main, print_json, print_table
-from awa.db import connection_kwargs, resolve_database_url
+from awa.db import connection_kwargs, redact, resolve_database_url
+from awa.errors import ValidationError
 from awa.sql import query
 
-BENCH_DATABASE = "awa_bench"
+SCRATCH_MARK = "awa bench scratch database"
+"""The comment awa bench writes on each database it creates; it drops no database without."""
+
+MAX_DATABASE_NAME = 63  # bytes; PostgreSQL silently truncates longer identifiers
 
 
 @dataclasses.dataclass
@@ -60,13 +68,55 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[index]
 
 
-def scratch_database(server_url: str, name: str = BENCH_DATABASE) -> str:
-    """Drop and recreate the benchmark database; returns its URL."""
+def _database_statement(name: str, database: str, **extra: pgsql.Composable) -> pgsql.Composed:
+    return pgsql.SQL(query(name)).format(database=pgsql.Identifier(database), **extra)
+
+
+def _drop(server_url: str, database: str) -> None:
     with psycopg.connect(server_url, autocommit=True) as conn:
-        database = pgsql.Identifier(name)
-        conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(database))
-        conn.execute(pgsql.SQL("CREATE DATABASE {}").format(database))
-    return psycopg.conninfo.make_conninfo(server_url, dbname=name)
+        conn.execute(_database_statement("bench_drop_database", database))
+
+
+def scratch_database_name(name: str | None) -> str:
+    """The name to work in: ``name`` once checked, else a fresh ``awa_bench_<random hex>``."""
+    if name is None:
+        return f"awa_bench_{secrets.token_hex(6)}"
+    if not name or len(name.encode()) > MAX_DATABASE_NAME or "\0" in name:
+        raise ValidationError(
+            f"--scratch-database must be a database name of 1 to {MAX_DATABASE_NAME} bytes"
+        )
+    return name
+
+
+@contextlib.contextmanager
+def scratch_database(server_url: str, name: str) -> Iterator[str]:
+    """Create the database ``name`` marked as awa bench's own, yield its URL, and drop it when
+    the block ends (also on an error or Ctrl-C).
+
+    A database of that name that carries the mark (left by an earlier run) is dropped and
+    created again; any other is refused with ``ValidationError`` and nothing is dropped.
+    """
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        row = conn.execute(query("bench_database_comment"), {"name": name}).fetchone()
+        if row is not None and row[0] != SCRATCH_MARK:
+            raise ValidationError(
+                f"database {name} exists and was not created by awa bench (it lacks the "
+                f"comment {SCRATCH_MARK!r}); awa bench drops no such database: choose "
+                "another --scratch-database, or leave the option out for a fresh one"
+            )
+        if row is not None:
+            conn.execute(_database_statement("bench_drop_database", name))
+        conn.execute(_database_statement("bench_create_database", name))
+        try:
+            mark = pgsql.Literal(SCRATCH_MARK)
+            conn.execute(_database_statement("bench_mark_database", name, mark=mark))
+        except BaseException:
+            _drop(server_url, name)
+            raise
+    try:
+        yield psycopg.conninfo.make_conninfo(server_url, dbname=name)
+    finally:
+        _drop(server_url, name)
 
 
 async def _reset(client: awa.AsyncClient) -> None:
@@ -405,19 +455,50 @@ async def run_bench(
     return report
 
 
+_POSITIVE_INT = click.IntRange(min=1)
+_POSITIVE_FLOAT = click.FloatRange(min=0, min_open=True)
+
+
 @main.command()
-@click.option("--jobs", default=20_000, show_default=True, help="Jobs per scenario.")
+@click.option(
+    "--jobs", type=_POSITIVE_INT, default=20_000, show_default=True, help="Jobs per scenario."
+)
 @click.option(
     "--scratch-database",
     "database_name",
-    default=BENCH_DATABASE,
-    show_default=True,
-    help="Name of the database the benchmark drops, recreates and works in.",
+    metavar="NAME",
+    help="Work in this database instead of a fresh awa_bench_<random hex>. It is created "
+    "(or, if an earlier awa bench run created it, recreated) and dropped at the end; a "
+    "database awa bench did not create is refused.",
 )
-@click.option("--concurrency", default=16, show_default=True, help="Handlers at once (drain).")
-@click.option("--rate", default=200.0, show_default=True, help="Offered jobs/s (latency).")
-@click.option("--seconds", default=10.0, show_default=True, help="Duration of latency run.")
-@click.option("--runs", default=3, show_default=True, help="Runs per scenario; median shown.")
+@click.option(
+    "--concurrency",
+    type=_POSITIVE_INT,
+    default=16,
+    show_default=True,
+    help="Handlers at once (drain, latency).",
+)
+@click.option(
+    "--rate",
+    type=_POSITIVE_FLOAT,
+    default=200.0,
+    show_default=True,
+    help="Offered jobs/s (latency).",
+)
+@click.option(
+    "--seconds",
+    type=_POSITIVE_FLOAT,
+    default=10.0,
+    show_default=True,
+    help="Duration of the latency run.",
+)
+@click.option(
+    "--runs",
+    type=_POSITIVE_INT,
+    default=3,
+    show_default=True,
+    help="Runs per scenario; median shown.",
+)
 @click.option(
     "--only",
     type=click.Choice(SCENARIOS),
@@ -429,7 +510,7 @@ async def run_bench(
 def bench(
     ctx: click.Context,
     jobs: int,
-    database_name: str,
+    database_name: str | None,
     concurrency: int,
     rate: float,
     seconds: float,
@@ -437,23 +518,38 @@ def bench(
     only: tuple[str, ...],
     as_json: bool,
 ) -> None:
-    """Benchmark enqueue, bulk COPY, drain throughput and latency (on a scratch database,
-    awa_bench by default, dropped and recreated on the configured server)."""
+    """Benchmark enqueue, bulk COPY, drain throughput and latency.
+
+    Works only in a scratch database it creates on the configured server and drops at the
+    end, also on an error or Ctrl-C: your jobs and databases are never touched.
+    """
+    scenarios = only or SCENARIOS
+    if "latency" in scenarios and rate * seconds < 1:
+        raise click.BadParameter(
+            f"--rate x --seconds is {rate * seconds:g}: the latency run needs at least 1 job",
+            param_hint="'--rate' / '--seconds'",
+        )
+    name = scratch_database_name(database_name)
     console = Console(stderr=True)
     server = resolve_database_url(database_url_from_context(ctx))
-    url = scratch_database(server, database_name)
-    report = asyncio.run(
-        run_bench(
-            url,
-            scenarios=only or SCENARIOS,
-            jobs=jobs,
-            concurrency=concurrency,
-            rate=rate,
-            seconds=seconds,
-            runs=runs,
-            console=console,
+    with scratch_database(server, name) as url:
+        click.echo(
+            f"awa bench: working in the scratch database {name} on {redact(server)} "
+            "(dropped at the end)",
+            err=True,
         )
-    )
+        report = asyncio.run(
+            run_bench(
+                url,
+                scenarios=scenarios,
+                jobs=jobs,
+                concurrency=concurrency,
+                rate=rate,
+                seconds=seconds,
+                runs=runs,
+                console=console,
+            )
+        )
     if as_json:
         print_json(report)
         return

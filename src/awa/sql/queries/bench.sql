@@ -1,5 +1,22 @@
 -- Statements of `awa bench`, which runs on its own scratch database only.
 
+-- name: bench_database_comment
+-- Whether a database of this name exists, and its comment: awa bench marks the scratch
+-- databases it creates with a comment, and drops no database without it.
+SELECT shobj_description(d.oid, 'pg_database') AS comment
+FROM pg_database AS d
+WHERE d.datname = %(name)s
+
+-- name: bench_create_database
+CREATE DATABASE {database}
+
+-- name: bench_mark_database
+COMMENT ON DATABASE {database} IS {mark}
+
+-- name: bench_drop_database
+-- Only ever run on a database that carries awa bench's mark.
+DROP DATABASE IF EXISTS {database} WITH (FORCE)
+
 -- name: bench_reset
 TRUNCATE awa.jobs, awa.queues
 
