@@ -39,6 +39,7 @@ from rich.text import Text
 
 import awa
 from awa.db import check_database_url, mask_password
+from awa.embedded import embedded_status, stop_embedded_server
 from awa.errors import AwaError, ValidationError
 from awa.migrations import migration_script
 from awa.model import JobRow, JobState
@@ -248,11 +249,17 @@ def format_age(seconds: float | None) -> str:
 
 
 class AwaGroup(click.Group):
-    """Turns awa and driver errors raised by any subcommand into one ``error:`` line."""
+    """Turns awa and driver errors raised by any subcommand, and bad command lines, into one
+    ``error:`` line (exit code 1, or 2 for a bad command line)."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except CliError:
+            raise
+        except click.UsageError as error:
+            where = error.ctx.command_path if error.ctx is not None else ctx.command_path
+            raise CliUsageError(f"{error.format_message()} (see '{where} --help')") from error
         except AwaError as error:
             raise CliError(str(error) or type(error).__name__) from error
         except psycopg.Error as error:
@@ -668,7 +675,12 @@ def drain_queue(client: awa.Client, name: str, as_json: bool) -> None:
 
 @main.group()
 def db() -> None:
-    """Show which database awa uses."""
+    """Show which database awa uses; look after the embedded server.
+
+    Without --database-url, DATABASE_URL or PG* variables, awa starts an embedded
+    PostgreSQL server on first use and leaves it running for the next command; `awa db
+    status` shows it and `awa db stop` stops it (its data is kept).
+    """
 
 
 _PG_VARS = {"PGDATABASE": "dbname"} | {
@@ -698,6 +710,77 @@ def db_url(ctx: click.Context, show_password: bool, as_json: bool) -> None:
         print_json({"database_url": url})
     else:
         click.echo(url)
+
+
+def _configured_elsewhere(ctx: click.Context) -> tuple[str, str] | None:
+    """Where the database awa uses is configured instead of the embedded server: (source,
+    what it says), or None when awa uses the embedded server."""
+    state = _state(ctx)
+    if state.database_url:
+        return state.database_url_source, mask_password(state.database_url)
+    names = [var for var in _PG_VARS if os.environ.get(var)]
+    if names:
+        return "PG* variables", ", ".join(f"{name}={os.environ[name]}" for name in names)
+    return None
+
+
+@db.command("status")
+@json_option
+@click.pass_context
+def db_status(ctx: click.Context, as_json: bool) -> None:
+    """Say whether the embedded server runs: its pid, data directory and URL.
+
+    Starts nothing. Also says when --database-url, DATABASE_URL or PG* variables point awa
+    at another server (the embedded one is then not used). AWA_EMBEDDED_DATA_DIR chooses the
+    data directory.
+    """
+    status = embedded_status()
+    elsewhere = _configured_elsewhere(ctx)
+    if as_json:
+        print_json(
+            {
+                "embedded": status,
+                "in_use": elsewhere is None,
+                "configured_by": elsewhere[0] if elsewhere else None,
+                "database_url": elsewhere[1] if elsewhere else None,
+            }
+        )
+        return
+    if status.running:
+        state = f"running (pid {status.pid})"
+    elif status.initialized:
+        state = "stopped (awa starts it again when it needs it)"
+    else:
+        state = "not created yet (awa creates and starts it when it needs it)"
+    details = [f"PostgreSQL {status.version}"] if status.version else []
+    details += [f"owner {status.owner}"] if status.owner else []
+    suffix = f" ({', '.join(details)})" if details else ""
+    rows = [("embedded server", state), ("data directory", f"{status.data_dir}{suffix}")]
+    if status.url:
+        rows.append(("url", status.url))
+    for label, value in rows:
+        click.echo(f"{label:<17}{value}")
+    if elsewhere:
+        source, value = elsewhere
+        click.echo(f"note: {source} is set ({value}): awa uses that server, not the embedded one")
+
+
+@db.command("stop")
+@json_option
+def db_stop(as_json: bool) -> None:
+    """Stop the embedded server cleanly (a fast shutdown: sessions end, data is kept).
+
+    Waits until it has exited. The next command that needs it starts it again; to delete
+    it, stop it and remove its data directory (see `awa db status`).
+    """
+    data_dir = embedded_status().data_dir
+    pid = stop_embedded_server(data_dir)
+    if as_json:
+        print_json({"stopped": pid is not None, "pid": pid, "data_dir": str(data_dir)})
+    elif pid is None:
+        click.echo(f"the embedded server is not running (data directory {data_dir})")
+    else:
+        click.echo(f"stopped the embedded server (pid {pid}); its data stays in {data_dir}")
 
 
 if __name__ == "__main__":
