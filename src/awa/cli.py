@@ -712,15 +712,19 @@ def db_url(ctx: click.Context, show_password: bool, as_json: bool) -> None:
         click.echo(url)
 
 
+_PG_SOURCE = "PG* variables"
+
+
 def _configured_elsewhere(ctx: click.Context) -> tuple[str, str] | None:
-    """Where the database awa uses is configured instead of the embedded server: (source,
-    what it says), or None when awa uses the embedded server."""
+    """What points awa at another server than the embedded one, and what it says (password
+    masked); None when awa uses the embedded server."""
     state = _state(ctx)
     if state.database_url:
         return state.database_url_source, mask_password(state.database_url)
     names = [var for var in _PG_VARS if os.environ.get(var)]
     if names:
-        return "PG* variables", ", ".join(f"{name}={os.environ[name]}" for name in names)
+        settings = ", ".join(f"{name}={os.environ[name]}" for name in names)
+        return _PG_SOURCE, settings
     return None
 
 
@@ -762,7 +766,10 @@ def db_status(ctx: click.Context, as_json: bool) -> None:
         click.echo(f"{label:<17}{value}")
     if elsewhere:
         source, value = elsewhere
-        click.echo(f"note: {source} is set ({value}): awa uses that server, not the embedded one")
+        verb = "are" if source == _PG_SOURCE else "is"
+        click.echo(
+            f"note: {source} {verb} set ({value}): awa uses that server, not the embedded one"
+        )
 
 
 @db.command("stop")
