@@ -206,13 +206,15 @@ def batched_completed_event(job: Job[Any], duration: float, finalized_at: float)
 
 @dataclasses.dataclass(slots=True)
 class Committed:
-    """A committed transition: the row, the event it produces (if any), and the follow-ups
-    inserted with it (the registered specs' first, then the staged ones)."""
+    """A committed transition: the row, the event it produces (if any), the follow-ups
+    inserted with it (the registered specs' first, then the staged ones), and the outcome
+    committed (the handler's, or the failure that replaced it)."""
 
     row: JobRow
     event: JobEvent[Any] | None
     follow_ups: list[JobRow] = dataclasses.field(default_factory=list)
     staged: SkippingInsert | None = None
+    outcome: results.Outcome | None = None
 
 
 @dataclasses.dataclass(slots=True)
@@ -277,7 +279,8 @@ class Finalizer:
             if row is None:
                 return None
             superseded = TriggerContext(Trigger.CANCELLED, reason=SUPERSEDED_ERROR)
-            return Committed(row, event_for(Trigger.CANCELLED, row, superseded, 0.0))
+            event = event_for(Trigger.CANCELLED, row, superseded, 0.0)
+            return Committed(row, event, outcome=results.Cancelled(SUPERSEDED_ERROR))
         row = done.row
         if row is None:
             return None
@@ -287,7 +290,7 @@ class Finalizer:
         trigger = trigger_of(outcome, row)
         context = trigger_context(trigger, row, outcome) if trigger is not None else None
         event = event_for(trigger, row, context, duration)
-        return Committed(row, event, done.follow_ups, done.staged)
+        return Committed(row, event, done.follow_ups, done.staged, outcome)
 
     async def _transition(
         self,
