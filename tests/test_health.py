@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import time
 from typing import Any
 
@@ -13,6 +14,7 @@ from click.testing import CliRunner, Result
 
 import awa
 from awa.cli import main
+from awa.sql import current_version
 from helpers_worker import start, wait_for
 from jobs_helpers import Conn
 
@@ -135,25 +137,40 @@ async def test_cli_health_with_a_worker(database_url: str, conn: Conn) -> None:
     backlog(conn, 2, waited=90)
     client = await running_worker(database_url)
     try:
-        text = await asyncio.to_thread(awa_cli, "health", url=database_url)
-        as_json = await asyncio.to_thread(awa_cli, "health", "--json", url=database_url)
+        # The backlog queue has waited 90 s with no worker running it: unserved unless the
+        # threshold is longer.
+        args = ("health", "--unserved-after", "300")
+        text = await asyncio.to_thread(awa_cli, *args, url=database_url)
+        as_json = await asyncio.to_thread(awa_cli, *args, "--json", url=database_url)
         holder = lock_holder(conn)
     finally:
         await client.close()
     assert text.exit_code == 0, text.output
     lines = text.stdout.splitlines()
     assert lines[0] == "healthy"
-    assert lines[1] == "schema:  version 1 (expected 1)"
+    assert lines[1] == f"schema:  version {current_version()} (expected {current_version()})"
     assert lines[2].startswith(f"leader:  backend pid {holder} ({APP}")
-    header = lines[4].split()
+    assert lines[3] == "workers: 1 live"
+    assert f"pid {os.getpid()}" in lines[4]
+    assert "default=4" in lines[4]
+    header = lines[6].split()
     assert header[:5] == ["QUEUE", "AVAILABLE", "RUNNING", "SCHEDULED", "RETRYABLE"]
-    [row] = [line.split() for line in lines[5:] if line.startswith("backlog")]
+    assert header[-1] == "SERVED"
+    [row] = [line.split() for line in lines[7:] if line.startswith("backlog")]
     assert row[1:5] == ["2", "0", "0", "0"]
     assert row[5] in {"1m", "1m 30s", "1m 31s", "1m 32s"} or row[5].startswith("1m")
+    assert row[-1] == "no"
 
     assert as_json.exit_code == 0, as_json.output
     data: dict[str, Any] = json.loads(as_json.stdout)
     assert data["healthy"] is True
+    assert data["status"] == "healthy"
+    [worker] = data["workers"]
+    assert (worker["pid"], worker["queues"], worker["concurrency"]) == (
+        os.getpid(),
+        ["default"],
+        {"default": 4},
+    )
     assert data["problems"] == []
     assert data["leader"]["pid"] == holder
     assert data["leader"]["application_name"] == APP
@@ -180,10 +197,101 @@ def test_cli_health_without_a_worker_exits_1(database_url: str) -> None:
 
 def test_cli_health_of_an_unreachable_database() -> None:
     result = awa_cli("health", url=UNREACHABLE)
-    assert result.exit_code == 1
+    assert result.exit_code == 3
     lines = result.stdout.splitlines()
-    assert lines[0] == "unhealthy"
+    assert lines[0] == "unreachable"
     assert lines[1].startswith("  problem: database unreachable")
     assert len(lines) == 2
     data = json.loads(awa_cli("health", "--json", url=UNREACHABLE).stdout)
     assert data["postgres_connected"] is False
+
+
+# unserved queues and the runtimes table -----------------------------------------------------
+
+
+def runtime_rows(conn: Conn) -> list[tuple[Any, ...]]:
+    return conn.execute("SELECT pid, queues FROM awa.runtimes ORDER BY started_at").fetchall()
+
+
+async def test_unserved_queue_degrades_health(database_url: str, conn: Conn) -> None:
+    """A queue holding available jobs older than the threshold that no live worker runs is
+    unserved: status degraded, exit code 2. Queues a worker runs, paused queues and young
+    backlogs are not."""
+    backlog(conn, 3, waited=90)  # queue "backlog": nobody runs it
+    conn.execute(
+        "INSERT INTO awa.jobs (kind, queue, run_at) VALUES"
+        " ('idle', 'young', now() - interval '5 seconds'),"
+        " ('idle', 'held', now() - interval '5 minutes')"
+    )
+    client = await running_worker(database_url)
+    try:
+        await client.pause_queue("held")
+        check = await client.health_check()
+        result = await asyncio.to_thread(awa_cli, "health", url=database_url)
+        as_json = await asyncio.to_thread(awa_cli, "health", "--json", url=database_url)
+        relaxed = await client.health_check(unserved_after=600)
+    finally:
+        await client.close()
+    assert check.status == "degraded"
+    assert not check.healthy
+    assert [(item.queue, item.available) for item in check.unserved] == [("backlog", 3)]
+    assert 90 <= check.unserved[0].oldest_available_age < 120
+    assert check.problems == [
+        "queue 'backlog' is unserved: 3 available job(s), the oldest waiting "
+        f"{check.unserved[0].oldest_available_age:.0f}s, and no live worker runs it"
+    ]
+    assert result.exit_code == 2
+    assert result.stdout.splitlines()[0] == "degraded"
+    [row] = [line.split() for line in result.stdout.splitlines() if line.startswith("backlog")]
+    assert row[-1] == "UNSERVED"
+    assert as_json.exit_code == 2
+    data = json.loads(as_json.stdout)
+    assert data["status"] == "degraded"
+    assert [entry["queue"] for entry in data["unserved"]] == ["backlog"]
+    assert relaxed.status == "healthy"
+
+
+async def test_a_queue_run_by_another_worker_is_served(database_url: str, conn: Conn) -> None:
+    backlog(conn, 2, waited=90)
+    client = await running_worker(database_url)
+    other = awa.AsyncClient(database_url)
+    release = asyncio.Event()
+
+    @other.task(Idle, queue="backlog")
+    async def handle(job: awa.Job[Idle]) -> None:
+        await release.wait()  # keep the jobs running, so the backlog stays
+
+    try:
+        await start(other, {"backlog": {"max_workers": 1}})
+        check = await client.health_check()
+        assert [worker.queues for worker in check.workers] == [["default"], ["backlog"]]
+        assert check.unserved == []
+        assert check.status == "healthy", check.problems
+    finally:
+        release.set()
+        await other.close()
+        await client.close()
+
+
+async def test_runtime_row_lifecycle(database_url: str, conn: Conn) -> None:
+    """Registered at start with its queues, removed on a clean shutdown; a row that stopped
+    heartbeating (a crashed process) is ignored by health and expired by the leader."""
+    client = await running_worker(database_url)
+    try:
+        assert runtime_rows(conn) == [(os.getpid(), ["default"])]
+        conn.execute(
+            "INSERT INTO awa.runtimes (id, hostname, pid, application_name, version, queues,"
+            " stale_after, heartbeat_at) VALUES (gen_random_uuid(), 'gone', 1, 'x', '0',"
+            " ARRAY['backlog'], interval '10 seconds', now() - interval '1 minute')"
+        )
+        backlog(conn, 1, waited=90)
+        check = await client.health_check()
+        assert [worker.pid for worker in check.workers] == [os.getpid()]
+        assert [item.queue for item in check.unserved] == ["backlog"]
+        await client.shutdown()
+        await start(client, cleanup_interval=0.1)
+        await wait_for(lambda: len(runtime_rows(conn)) == 1, 5)
+        assert runtime_rows(conn) == [(os.getpid(), ["default"])]
+    finally:
+        await client.close()
+    assert runtime_rows(conn) == []

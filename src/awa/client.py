@@ -32,7 +32,14 @@ from awa.db import (
 )
 from awa.errors import AwaError, DatabaseError, SchemaNotMigrated
 from awa.followups import FollowUpRegistry
-from awa.health import HealthCheck, health_flow, runtime_health, schema_missing, unreachable
+from awa.health import (
+    DEFAULT_UNSERVED_AFTER,
+    HealthCheck,
+    health_flow,
+    runtime_health,
+    schema_missing,
+    unreachable,
+)
 from awa.hooks import HookDispatcher, HookRegistry
 from awa.insert import InsertKwargs, copy_flow, prepare_job, prepare_many, split_kwargs
 from awa.lifecycle import LifecycleRegistration
@@ -275,9 +282,11 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
         finally:
             await self.shutdown(shutdown_timeout)
 
-    async def health_check(self) -> HealthCheck:
+    async def health_check(self, *, unserved_after: float = DEFAULT_UNSERVED_AFTER) -> HealthCheck:
         """Database reachable and migrated, a maintenance leader somewhere, this worker's
-        listener and heartbeat alive, and each queue's backlog and lag."""
+        listener and heartbeat alive, the live workers, and each queue's backlog and lag;
+        ``status`` is ``degraded`` when a queue's available jobs have waited more than
+        ``unserved_after`` seconds while no live worker runs it."""
         runtime = runtime_health(self._runtime)
         try:
             pool = await self.pool()
@@ -285,7 +294,7 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
             # otherwise hold the check for its whole timeout (30 s).
             with translate_errors():
                 async with pool.connection(timeout=HEALTH_CHECK_TIMEOUT) as conn:
-                    return await drive_async(conn, health_flow(runtime))
+                    return await drive_async(conn, health_flow(runtime, unserved_after))
         except SchemaNotMigrated:
             return schema_missing(runtime)
         except DatabaseError as error:
@@ -450,13 +459,14 @@ class Client:
 
         return SyncTransaction(acquire, release)
 
-    def health_check(self) -> HealthCheck:
-        """Database reachable and migrated, a maintenance leader somewhere, each queue's
-        backlog and lag."""
+    def health_check(self, *, unserved_after: float = DEFAULT_UNSERVED_AFTER) -> HealthCheck:
+        """Database reachable and migrated, a maintenance leader somewhere, the live
+        workers, each queue's backlog and lag, and the queues nobody serves (see
+        ``AsyncClient.health_check``)."""
         try:
             pool = self.pool()
             with translate_errors(), pool.connection(timeout=HEALTH_CHECK_TIMEOUT) as conn:
-                return drive_sync(conn, health_flow(None))
+                return drive_sync(conn, health_flow(None, unserved_after))
         except SchemaNotMigrated:
             return schema_missing(None)
         except DatabaseError as error:

@@ -1,11 +1,19 @@
-"""Health: can we reach Postgres, is the schema current, who leads maintenance, and how far
-behind each queue is."""
+"""Health: can we reach Postgres, is the schema current, who leads maintenance, which workers
+run which queues, and how far behind each queue is.
+
+The overall ``status``: ``healthy``; ``degraded`` when everything works but a queue is
+unserved (it holds available jobs older than ``unserved_after`` seconds, is not paused, and
+no live worker runs it); ``unhealthy`` when the schema is missing or out of date, no worker
+leads maintenance, or this process's worker lost its listener or heartbeat; ``unreachable``
+when the database does not answer.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from typing import TYPE_CHECKING, Any
+import uuid
+from typing import TYPE_CHECKING, Any, Literal
 
 from awa import admin
 from awa.admin import QueueStats
@@ -28,6 +36,38 @@ class LeaderInfo:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """A live worker runtime (a row of ``awa.runtimes`` whose heartbeat is fresh)."""
+
+    id: uuid.UUID
+    hostname: str
+    pid: int
+    application_name: str
+    version: str
+    queues: list[str]
+    concurrency: dict[str, int]
+    is_leader: bool
+    started_at: dt.datetime
+    heartbeat_at: dt.datetime
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class UnservedQueue:
+    """A queue whose jobs wait while no live worker runs it."""
+
+    queue: str
+    available: int
+    oldest_available_age: float
+
+
+Status = Literal["healthy", "degraded", "unhealthy", "unreachable"]
+
+DEFAULT_UNSERVED_AFTER = 60.0
+"""Seconds the oldest available job of a queue no worker runs may wait before the queue is
+reported unserved."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class RuntimeHealth:
     """This process's worker, when it runs."""
 
@@ -40,9 +80,9 @@ class RuntimeHealth:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class HealthCheck:
-    """``healthy`` is true when the database answers with the expected schema, some
-    runtime holds the maintenance lock, and this process's worker (if any) is listening and
-    heartbeating."""
+    """``status`` (see the module docstring) and the findings behind it. ``healthy`` is
+    true only when the status is ``healthy``; ``problems`` says what is wrong, one line
+    each (unserved queues included)."""
 
     healthy: bool
     postgres_connected: bool
@@ -52,6 +92,9 @@ class HealthCheck:
     runtime: RuntimeHealth | None
     queues: list[QueueStats]
     problems: list[str]
+    status: Status = "healthy"
+    workers: list[WorkerInfo] = dataclasses.field(default_factory=list)
+    unserved: list[UnservedQueue] = dataclasses.field(default_factory=list)
 
 
 def _leader(rows: list[dict[str, Any]]) -> LeaderInfo | None:
@@ -73,18 +116,41 @@ def runtime_health(runtime: Runtime | None) -> RuntimeHealth | None:
     )
 
 
-def health_flow(runtime: RuntimeHealth | None) -> Flow[HealthCheck]:
+def _workers(rows: list[dict[str, Any]]) -> list[WorkerInfo]:
+    return [WorkerInfo(**row) for row in rows]
+
+
+def unserved_queues(
+    queues: list[QueueStats], workers: list[WorkerInfo], unserved_after: float
+) -> list[UnservedQueue]:
+    """Queues with available jobs older than ``unserved_after`` seconds that are not paused
+    and that no live worker runs."""
+    served = {name for worker in workers for name in worker.queues}
+    return [
+        UnservedQueue(stats.queue, stats.available, stats.oldest_available_age or 0.0)
+        for stats in queues
+        if stats.oldest_available_age is not None
+        and stats.oldest_available_age > unserved_after
+        and not stats.paused
+        and stats.queue not in served
+    ]
+
+
+def health_flow(
+    runtime: RuntimeHealth | None, unserved_after: float = DEFAULT_UNSERVED_AFTER
+) -> Flow[HealthCheck]:
     version = yield from schema_version_flow()
     problems = []
     expected = current_version()
     if version is None:
         problems.append("the awa schema does not exist in this database (run `awa migrate`)")
-        return HealthCheck(False, True, version, expected, None, runtime, [], problems)
+        return _unhealthy(True, version, runtime, problems)
     if version != expected:
         problems.append(f"schema version is {version}, this package expects {expected}")
-        return HealthCheck(False, True, version, expected, None, runtime, [], problems)
+        return _unhealthy(True, version, runtime, problems)
     leader = yield Statement(query("leader_holder"), None, _leader)
     queues: list[QueueStats] = yield Statement(query("queue_stats"), None, admin.decode_queue_stats)
+    workers: list[WorkerInfo] = yield Statement(query("runtimes_live"), None, _workers)
     if leader is None:
         problems.append("no runtime holds the maintenance lock (no worker running?)")
     if runtime is not None:
@@ -92,16 +158,42 @@ def health_flow(runtime: RuntimeHealth | None) -> Flow[HealthCheck]:
             problems.append("this worker's notification listener is disconnected (polling)")
         if not runtime.heartbeat_alive:
             problems.append("this worker's heartbeat thread is not running")
-    return HealthCheck(not problems, True, version, expected, leader, runtime, queues, problems)
+    unserved = unserved_queues(queues, workers, unserved_after)
+    status: Status = "unhealthy" if problems else "degraded" if unserved else "healthy"
+    problems.extend(
+        f"queue {item.queue!r} is unserved: {item.available} available job(s), the oldest "
+        f"waiting {item.oldest_available_age:.0f}s, and no live worker runs it"
+        for item in unserved
+    )
+    return HealthCheck(
+        status == "healthy",
+        True,
+        version,
+        expected,
+        leader,
+        runtime,
+        queues,
+        problems,
+        status,
+        workers,
+        unserved,
+    )
+
+
+def _unhealthy(
+    connected: bool, version: int | None, runtime: RuntimeHealth | None, problems: list[str]
+) -> HealthCheck:
+    status: Status = "unhealthy" if connected else "unreachable"
+    return HealthCheck(
+        False, connected, version, current_version(), None, runtime, [], problems, status
+    )
 
 
 def schema_missing(runtime: RuntimeHealth | None) -> HealthCheck:
     """The database answers but holds no awa schema."""
     problem = "the awa schema does not exist in this database (run `awa migrate`)"
-    return HealthCheck(False, True, None, current_version(), None, runtime, [], [problem])
+    return _unhealthy(True, None, runtime, [problem])
 
 
 def unreachable(error: Exception, runtime: RuntimeHealth | None) -> HealthCheck:
-    return HealthCheck(
-        False, False, None, current_version(), None, runtime, [], [f"database unreachable: {error}"]
-    )
+    return _unhealthy(False, None, runtime, [f"database unreachable: {error}"])

@@ -1,5 +1,6 @@
-"""``awa health``: is the queue healthy, who leads maintenance, and how far behind each
-queue is. Exit code 0 when healthy, 1 otherwise (scripts and probes can rely on it)."""
+"""``awa health``: is the queue healthy, who leads maintenance, which workers run which
+queues, and how far behind each queue is. The exit code says the status (scripts and probes
+can rely on it): 0 healthy, 1 unhealthy, 2 degraded (a queue is unserved), 3 unreachable."""
 
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ from awa.cli import (
     print_table,
     to_jsonable,
 )
-from awa.health import HealthCheck
+from awa.health import DEFAULT_UNSERVED_AFTER, HealthCheck
 from awa.model import JobState
+
+EXIT_CODES = {"healthy": 0, "unhealthy": 1, "degraded": 2, "unreachable": 3}
 
 _COUNTED = [JobState.AVAILABLE, JobState.RUNNING, JobState.SCHEDULED, JobState.RETRYABLE]
 
@@ -38,7 +41,7 @@ def _lag(stats: awa.QueueStats) -> float | None:
 
 
 def _print_text(check: HealthCheck) -> None:
-    click.echo("healthy" if check.healthy else "unhealthy")
+    click.echo(check.status)
     for problem in check.problems:
         click.echo(f"  problem: {problem}")
     if not check.postgres_connected:
@@ -55,12 +58,27 @@ def _print_text(check: HealthCheck) -> None:
             f"leader:  backend pid {leader.pid} ({leader.application_name or 'no name'}{where}),"
             f" connected since {format_time(leader.since)}"
         )
+    if check.workers:
+        click.echo(f"workers: {len(check.workers)} live")
+        for worker in check.workers:
+            queues = ", ".join(
+                f"{name}={worker.concurrency.get(name, '?')}" for name in worker.queues
+            )
+            leads = " (leader)" if worker.is_leader else ""
+            click.echo(
+                f"  {worker.hostname} pid {worker.pid}{leads}: {queues}; "
+                f"heartbeat {format_time(worker.heartbeat_at)}"
+            )
+    else:
+        click.echo("workers: none")
     if not check.queues:
         click.echo("queues:  none yet")
         return
     click.echo("")
     headers = ["QUEUE", *(state.value.upper() for state in _COUNTED)]
-    headers += ["LAG", "OLDEST AVAILABLE", "PAUSED"]
+    headers += ["LAG", "OLDEST AVAILABLE", "PAUSED", "SERVED"]
+    served = {name for worker in check.workers for name in worker.queues}
+    unserved = {item.queue for item in check.unserved}
     rows = [
         [
             stats.queue,
@@ -68,6 +86,7 @@ def _print_text(check: HealthCheck) -> None:
             format_age(_lag(stats)),
             format_time(stats.oldest_available_at),
             "yes" if stats.paused else "no",
+            "UNSERVED" if stats.queue in unserved else "yes" if stats.queue in served else "no",
         ]
         for stats in check.queues
     ]
@@ -75,22 +94,32 @@ def _print_text(check: HealthCheck) -> None:
 
 
 @main.command()
+@click.option(
+    "--unserved-after",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_UNSERVED_AFTER,
+    show_default=True,
+    metavar="SECONDS",
+    help="Report a queue unserved when its oldest available job has waited this long and "
+    "no live worker runs it.",
+)
 @json_option
 @click.pass_context
-def health(ctx: click.Context, as_json: bool) -> None:
-    """Say whether awa is healthy: the database answers with the current schema and a worker
-    holds the maintenance lock. Shows the leader and, per queue, the jobs waiting, the lag
-    (how long the oldest available job has waited) and when that job became due.
+def health(ctx: click.Context, unserved_after: float, as_json: bool) -> None:
+    """Say whether awa is healthy: the database answers with the current schema, a worker
+    holds the maintenance lock, and every queue with waiting jobs is run by a live worker.
+    Shows the leader, the live workers and their queues and, per queue, the jobs waiting,
+    the lag (how long the oldest available job has waited) and whether a worker serves it.
 
-    Exits with code 1 when unhealthy.
+    Exit code: 0 healthy, 1 unhealthy (schema missing, no maintenance leader), 2 degraded
+    (a queue is unserved), 3 the database is unreachable.
     """
     with awa.Client(
         database_url_from_context(ctx), max_connections=1, application_name="awa-cli"
     ) as client:
-        check = client.health_check()
+        check = client.health_check(unserved_after=unserved_after)
     if as_json:
         print_json(health_json(check))
     else:
         _print_text(check)
-    if not check.healthy:
-        ctx.exit(1)
+    ctx.exit(EXIT_CODES[check.status])

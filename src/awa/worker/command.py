@@ -2,7 +2,8 @@
 
 The first SIGTERM or SIGINT starts a graceful shutdown (no new claims; running handlers get
 ``--shutdown-timeout`` seconds); a second one interrupts what is still running, and those
-jobs go back to their queue.
+jobs go back to their queue. Settings come from flags, ``AWA_*`` environment variables or a
+TOML file (``awa.worker.settings``).
 """
 
 from __future__ import annotations
@@ -13,19 +14,27 @@ import logging
 import os
 import signal
 import sys
+import traceback
+from pathlib import Path
 from typing import Any
 
 import click
 
 import awa
 from awa.cli import CliError, database_url_from_context, main
+from awa.log_format import configure as configure_logging
+from awa.worker import settings as worker_settings
+from awa.worker.config import RuntimeConfig
+from awa.worker.settings import RUNTIME_HELP, RUNTIME_KEYS, runtime_envvar, runtime_flag
 
 log = logging.getLogger("awa.worker")
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 def load_client(target: str) -> awa.AsyncClient:
     """Import ``module:attribute`` (the attribute an AsyncClient, or a function returning
-    one) with the current directory on the import path."""
+    one) with the current directory on the import path. Any failure is one CliError line."""
     module_name, _, attribute = target.partition(":")
     if not module_name or not attribute:
         raise CliError(f"expected module:attribute (e.g. myapp.jobs:client), got {target!r}")
@@ -33,33 +42,50 @@ def load_client(target: str) -> awa.AsyncClient:
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise CliError(f"cannot import {module_name!r}: {error}") from error
-    value: Any = getattr(module, attribute, None)
-    if value is None:
+    except ModuleNotFoundError as error:
+        if error.name is not None and module_name.startswith(error.name):
+            raise CliError(
+                f"cannot import {module_name!r}: no module named {error.name!r} "
+                f"(run from the directory that holds it, or add it to PYTHONPATH)"
+            ) from None
+        raise CliError(f"importing {module_name!r} failed: {_describe(error)}") from None
+    except SyntaxError as error:
+        where = f"{error.filename}, line {error.lineno}" if error.filename else "unknown place"
+        raise CliError(
+            f"cannot import {module_name!r}: syntax error in {where}: {error.msg}"
+        ) from None
+    except Exception as error:
+        raise CliError(f"importing {module_name!r} failed: {_describe(error)}") from None
+    if not hasattr(module, attribute):
         raise CliError(f"module {module_name!r} has no attribute {attribute!r}")
-    if callable(value) and not isinstance(value, awa.AsyncClient):
-        value = value()
+    value: Any = getattr(module, attribute)
+    if callable(value) and not isinstance(value, awa.AsyncClient | awa.Client | type):
+        try:
+            value = value()
+        except Exception as error:
+            raise CliError(f"calling {target} failed: {_describe(error)}") from None
+    if isinstance(value, awa.Client):
+        raise CliError(
+            f"{target} is an awa.Client (blocking, producer and admin only); the worker needs "
+            "an awa.AsyncClient"
+        )
     if not isinstance(value, awa.AsyncClient):
         raise CliError(f"{target} is a {type(value).__name__}, not an awa.AsyncClient")
     return value
 
 
-def parse_queue_option(values: tuple[str, ...]) -> dict[str, int] | None:
-    if not values:
-        return None
-    queues: dict[str, int] = {}
-    for value in values:
-        name, _, workers = value.partition("=")
-        try:
-            queues[name] = int(workers) if workers else 10
-        except ValueError:
-            raise CliError(f"--queue takes NAME or NAME=MAX_WORKERS, got {value!r}") from None
-    return queues
+def _describe(error: BaseException) -> str:
+    """``Type: message (file:line)`` of the innermost frame, on one line."""
+    frames = traceback.extract_tb(error.__traceback__)
+    where = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    message = " ".join(str(error).split())
+    return (
+        f"{type(error).__name__}: {message}{where}" if message else f"{type(error).__name__}{where}"
+    )
 
 
 async def serve(
-    client: awa.AsyncClient, queues: dict[str, int] | None, shutdown_timeout: float
+    client: awa.AsyncClient, queues: dict[str, Any] | None, runtime: dict[str, Any], timeout: float
 ) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -80,46 +106,124 @@ async def serve(
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
     try:
-        await client.start(queues)
+        await client.start(queues, **runtime)
         await stop.wait()
-        await client.shutdown(timeout=shutdown_timeout)
+        await client.shutdown(timeout=timeout)
     except asyncio.CancelledError:
         await client.shutdown(timeout=0)
     finally:
         await client.close()
 
 
-@main.command()
-@click.argument("target", metavar="MODULE:CLIENT")
+def _runtime_options(command: Any) -> Any:
+    """One flag (and AWA_* environment variable) per runtime setting of ``start()``."""
+    defaults = RuntimeConfig()
+    for name in sorted(RUNTIME_KEYS, reverse=True):
+        default = getattr(defaults, name)
+        shown = "none" if default is None else f"{default:g}"
+        command = click.option(
+            runtime_flag(name),
+            f"runtime_{name}",
+            envvar=runtime_envvar(name),
+            show_envvar=True,
+            metavar="VALUE",
+            help=f"{RUNTIME_HELP[name]}  [default: {shown}]",
+        )(command)
+    return command
+
+
+@main.command(context_settings={"max_content_width": 100})
+@click.argument("target", metavar="MODULE:CLIENT", required=False)
 @click.option(
     "--queue",
     "queue_options",
     multiple=True,
+    envvar="AWA_QUEUES",
+    show_envvar=True,
     metavar="NAME[=N]",
-    help="Queue to work, with its max concurrent handlers (repeatable). Default: every queue "
-    "the client's tasks declare.",
+    help="Queue to run, with its max concurrent handlers (repeatable). Default: every queue "
+    "the client's tasks declare. Other processes may run the other queues.",
+)
+@click.option(
+    "--queue-option",
+    "queue_settings",
+    multiple=True,
+    envvar="AWA_QUEUE_OPTIONS",
+    show_envvar=True,
+    metavar="QUEUE.KEY=VALUE",
+    help="A setting of one queue (repeatable): max_workers, poll_interval, deadline_duration "
+    "(0: none), claim_batch_size, prefetch, retry.base, retry.jitter, retry.max_delay.",
+)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar="AWA_CONFIG",
+    show_envvar=True,
+    help="A TOML settings file ([worker] and [queues.NAME] tables; see docs/operations.md).",
 )
 @click.option(
     "--shutdown-timeout",
-    default=30.0,
-    show_default=True,
-    help="Seconds running handlers get to finish after SIGTERM/SIGINT.",
+    type=click.FloatRange(min=0),
+    envvar="AWA_SHUTDOWN_TIMEOUT",
+    show_envvar=True,
+    help="Seconds running handlers get to finish after SIGTERM/SIGINT.  [default: 30]",
 )
-@click.option("--log-level", default="INFO", show_default=True, help="Python logging level.")
+@click.option(
+    "--log-level",
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
+    envvar="AWA_LOG_LEVEL",
+    show_envvar=True,
+    help="Python logging level.  [default: INFO]",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    envvar="AWA_LOG_FORMAT",
+    show_envvar=True,
+    help="text: human-readable lines; json: one JSON object per line (timestamp, level, "
+    "logger, message, job_id, kind, queue, attempt).  [default: text]",
+)
+@_runtime_options
 @click.pass_context
 def worker(
     ctx: click.Context,
-    target: str,
+    /,
+    target: str | None,
     queue_options: tuple[str, ...],
-    shutdown_timeout: float,
-    log_level: str,
+    queue_settings: tuple[str, ...],
+    config_path: Path | None,
+    shutdown_timeout: float | None,
+    log_level: str | None,
+    log_format: str | None,
+    **runtime: str | None,
 ) -> None:
-    """Run the worker of the AsyncClient at MODULE:CLIENT (e.g. myapp.jobs:client)."""
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    """Run the worker of the AsyncClient at MODULE:CLIENT (e.g. myapp.jobs:client).
+
+    Every setting of start() is a flag below, an AWA_* environment variable, or a key of
+    the --config file; a flag or variable wins over the file.
+    """
+    settings = worker_settings.resolve(
+        config=config_path,
+        client=target,
+        queues=queue_options,
+        queue_options=queue_settings,
+        runtime={name.removeprefix("runtime_"): text for name, text in runtime.items()},
+        shutdown_timeout=shutdown_timeout,
+        log_level=log_level,
+        log_format=log_format,
     )
+    if settings.log_level.upper() not in LOG_LEVELS:
+        raise CliError(
+            f"log_level must be one of {', '.join(LOG_LEVELS)}, got {settings.log_level!r}"
+        )
+    settings.check()
+    if settings.client is None:
+        raise click.UsageError("give MODULE:CLIENT (or client = ... in the --config file)")
+    configure_logging(settings.log_level, settings.log_format)
     url = database_url_from_context(ctx)
     if url:
         os.environ["DATABASE_URL"] = url  # a client built without a URL reads it
-    client = load_client(target)
-    asyncio.run(serve(client, parse_queue_option(queue_options), shutdown_timeout))
+    client = load_client(settings.client)
+    queues = settings.start_queues(client._tasks.queues())
+    asyncio.run(serve(client, queues, settings.runtime, settings.shutdown_timeout))

@@ -1,4 +1,5 @@
-"""Heartbeats for every running attempt of this process, from a thread of their own.
+"""Heartbeats for every running attempt of this process, and for the process itself (its
+``awa.runtimes`` row), from a thread of their own.
 
 A separate thread with its own connection keeps heartbeats flowing even while a handler
 blocks the event loop, so a busy but healthy job is never mistaken for a dead one.
@@ -18,6 +19,7 @@ from awa.db import connection_kwargs
 from awa.job import Job
 from awa.sql import query
 from awa.worker.outage import FailureLog
+from awa.worker.presence import Presence
 
 log = logging.getLogger("awa.worker")
 
@@ -32,8 +34,10 @@ class Heartbeat:
         interval: float,
         snapshot: Callable[[], list[Job[Any]]],
         application_name: str,
+        presence: Presence | None = None,
     ) -> None:
         self._url = url
+        self._presence = presence
         self._interval = interval
         self._snapshot = snapshot
         self._application_name = application_name
@@ -91,10 +95,12 @@ class Heartbeat:
         self._flushed_versions = {
             key: version for key, version in self._flushed_versions.items() if key in live
         }
-        if not jobs:
+        if not jobs and self._presence is None:
             return
         try:
             conn = self._connection()
+            if self._presence is not None:
+                self._presence.beat(conn)
             for start in range(0, len(jobs), CHUNK):
                 chunk = jobs[start : start + CHUNK]
                 versions = [job._progress_version for job in chunk]

@@ -194,3 +194,15 @@ def vacuum_duty(interval: float, threshold: int) -> Duty:
             log.debug("vacuumed awa.jobs (%s dead rows)", row["dead"])
 
     return Duty("vacuum", interval, vacuum)
+
+
+def runtime_expiry_duty(interval: float) -> Duty:
+    """Delete the ``awa.runtimes`` rows of processes that stopped heartbeating (a crashed
+    worker cannot remove its own)."""
+
+    async def expire(conn: psycopg.AsyncConnection[Any]) -> None:
+        cursor = await conn.execute(query("runtimes_expire"))
+        if cursor.rowcount:
+            log.info("removed %d stale worker runtime(s) from awa.runtimes", cursor.rowcount)
+
+    return Duty("runtime expiry", interval, expire)

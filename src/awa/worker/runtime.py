@@ -43,8 +43,16 @@ from awa.worker.finalizer import (
 )
 from awa.worker.heartbeat import Heartbeat
 from awa.worker.listener import Listener
-from awa.worker.maintenance import Duty, Maintenance, promotion_duty, vacuum_duty
+from awa.worker.maintenance import (
+    Duty,
+    Maintenance,
+    promotion_duty,
+    runtime_expiry_duty,
+    vacuum_duty,
+)
 from awa.worker.outage import FailureLog, quiet_pool_reconnect_errors
+from awa.worker.outcome_log import job_fields, log_outcome
+from awa.worker.presence import Presence
 from awa.worker.registry import TaskRegistry
 from awa.worker.rescue import SWEEPS, Rescue, rescue_duty, retention_duty
 from awa.worker.results import Outcome
@@ -111,6 +119,7 @@ class Runtime:
         self._listener: Listener | None = None
         self._heartbeat: Heartbeat | None = None
         self._maintenance: Maintenance | None = None
+        self._presence: Presence | None = None
         self._rescue_tasks: set[asyncio.Task[None]] = set()
         self._save_failures = FailureLog(log, "saving outcomes")
         self._application_name = client.application_name
@@ -188,11 +197,24 @@ class Runtime:
             on_reconnect=self._wake_all,
         )
         await self._listener.start()
+        # Registered before the dispatchers start, so that health sees the queues served
+        # from the first job on; the heartbeat thread keeps the row fresh.
+        self._presence = Presence(
+            self.queues,
+            application_name=self._application_name,
+            stale_after=self.config.heartbeat_staleness,
+            is_leader=lambda: self.is_leader,
+        )
+        try:
+            await self.execute(self._presence.upsert())
+        except DatabaseError as error:
+            log.warning("could not register this worker in awa.runtimes yet (%s)", error)
         self._heartbeat = Heartbeat(
             url,
             interval=self.config.heartbeat_interval,
             snapshot=self.inflight.snapshot,
             application_name=self._application_name,
+            presence=self._presence,
         )
         self._heartbeat.start()
         self._maintenance = Maintenance(
@@ -241,6 +263,7 @@ class Runtime:
                 batch_size=config.cleanup_batch_size,
             ),
         ]
+        duties.append(runtime_expiry_duty(config.cleanup_interval))
         if config.vacuum_interval > 0:
             duties.append(vacuum_duty(config.vacuum_interval, config.vacuum_threshold))
         return duties
@@ -305,6 +328,13 @@ class Runtime:
         await self._completer.close()
         if self._heartbeat is not None:
             await asyncio.to_thread(self._heartbeat.stop)
+        if self._presence is not None:
+            # A clean stop leaves no row behind (a crash leaves one that expires).
+            try:
+                async with asyncio.timeout(CANCEL_GRACE):
+                    await self.execute(self._presence.delete())
+            except (DatabaseError, TimeoutError) as error:
+                log.warning("could not remove this worker from awa.runtimes (%s)", error)
         if self._listener is not None:
             await self._listener.stop()
         if self._maintenance is not None:
@@ -433,8 +463,15 @@ class Runtime:
         self.inflight.remove(job)
         if committed is None:
             metrics.stale.add(1, {metrics.KIND: job.kind, metrics.QUEUE: job.queue})
-            log.debug("job %s lease %s: stale outcome ignored", job.id, job.run_lease)
+            log.debug(
+                "job %s lease %s: stale outcome ignored (the attempt was rescued, cancelled "
+                "or superseded meanwhile)",
+                job.id,
+                job.run_lease,
+                extra=job_fields(job),
+            )
             return
+        log_outcome(job, committed.outcome, committed.row)
         _count_outcome(committed.row, outcome)
         if committed.row.state is JobState.COMPLETED:
             self.completed += 1
