@@ -686,20 +686,19 @@ async def test_waiting_for_callback_follow_up_sees_the_callback_id(
 async def test_waiting_for_callback_follow_up_failure_rolls_the_park_back(
     client: awa.AsyncClient, conn: Conn
 ) -> None:
-    """A raising park follow-up rolls the park back: the row stays running (for rescue)."""
+    """A raising park follow-up rolls the park back, and the attempt is recorded as failed
+    (retryable, with an error naming the spec); nothing is parked."""
 
     def boom(args: Payment, job: awa.JobRow) -> Receipt:
         raise RuntimeError("no receipts today")
 
     client.on_waiting_for_callback_enqueue(Payment, boom)
-    runs = register_parking_task(client)
+    register_parking_task(client)
     job = await client.insert(Payment(), queue=QUEUE)
     await start(client, payments())
-    await wait_for(lambda: runs)  # the handler ran, so the attempt is in flight
-    await no_longer_in_flight(client, job.id)
-    db = row(conn, job.id)
-    assert db["state"] == "running"
-    assert db["callback_id"] is not None  # registered, not parked
+    db = await wait_for_state(conn, job.id, "retryable")
+    assert "on_waiting_for_callback_enqueue for 'payment'" in db["errors"][-1]["error"]
+    assert "no receipts today" in db["errors"][-1]["error"]
     assert jobs_of_kind(conn, "receipt") == []
 
 

@@ -11,6 +11,7 @@ import contextlib
 import importlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -372,3 +373,34 @@ def _epoch(stamp: str) -> float:
     import datetime as dt
 
     return dt.datetime.fromisoformat(stamp).timestamp()
+
+
+def test_the_documented_settings_file_is_valid(tmp_path: Path) -> None:
+    """docs/workers.md's TOML example is a settings file the worker accepts."""
+    from awa.worker import settings
+
+    text = (Path(__file__).parent.parent / "docs" / "workers.md").read_text()
+    [example] = re.findall(r"```toml\n(.*?)```", text, re.DOTALL)
+    path = tmp_path / "awa.toml"
+    path.write_text(example)
+    resolved = settings.resolve(
+        config=path,
+        client=None,
+        queues=(),
+        queue_options=(),
+        runtime={},
+        shutdown_timeout=None,
+        log_level=None,
+        log_format=None,
+    )
+    resolved.check()
+    assert resolved.client == "shop.jobs:client"
+    assert resolved.runtime["completed_retention"] == 3600
+    assert resolved.start_queues([]) == {
+        "email": {
+            "max_workers": 8,
+            "deadline_duration": 60,
+            "retry": awa.RetryPolicy(base=3, max_delay=3600),
+        },
+        "billing": {"max_workers": 2},
+    }

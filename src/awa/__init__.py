@@ -31,7 +31,7 @@ from awa.events import (
 )
 from awa.followups import FollowUpError
 from awa.health import HealthCheck
-from awa.insert import InsertKwargs
+from awa.insert import MAX_ARGS_BYTES, MAX_METADATA_BYTES, InsertKwargs
 from awa.job import Job
 from awa.kinds import derive_kind
 from awa.model import (
@@ -49,6 +49,8 @@ from awa.worker.config import QueueConfig, RetryPolicy, RuntimeConfig
 __version__ = "0.1.0"
 
 __all__ = [
+    "MAX_ARGS_BYTES",
+    "MAX_METADATA_BYTES",
     "MAX_OUTPUT_BYTES",
     "MAX_STAGED_BYTES",
     "MAX_STAGED_FOLLOW_UPS",

@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+import orjson
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -57,6 +57,9 @@ TIMESTAMP_HEADER = "X-Awa-Timestamp"
 MAX_SKEW_SECONDS = 300
 """Signed requests whose timestamp is further than this from the server's clock are refused."""
 MAX_BODY_BYTES = 1024 * 1024
+MAX_BODY_DEPTH = 64
+"""Deepest nesting of arrays and objects a request body may have (payloads are stored as
+jsonb and may go through CEL; nothing legitimate nests this deep)."""
 
 Secret = str | bytes
 
@@ -208,13 +211,34 @@ _ACTIONS: dict[str, Action] = {
 }
 
 
+def _nesting_depth(value: Any, limit: int) -> int:
+    """How deeply ``value`` nests arrays and objects, counted up to ``limit + 1`` (walked
+    without recursion, so a hostile body cannot exhaust the stack)."""
+    deepest = 0
+    pending: list[tuple[Any, int]] = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if not isinstance(item, dict | list):
+            continue
+        deepest = max(deepest, depth)
+        if deepest > limit:
+            return deepest
+        children = item.values() if isinstance(item, dict) else item
+        pending.extend((child, depth + 1) for child in children)
+    return deepest
+
+
 def _parse_body(raw: bytes, action: str) -> dict[str, Any]:
     if not raw.strip():
         return {}
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as error:
+        # orjson refuses nesting deeper than 1024 levels (the standard library would recurse
+        # until RecursionError, a 500).
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as error:
         raise ValidationError(f"the body is not valid JSON: {error}") from None
+    if _nesting_depth(body, MAX_BODY_DEPTH) > MAX_BODY_DEPTH:
+        raise ValidationError(f"the body nests arrays and objects deeper than {MAX_BODY_DEPTH}")
     if not isinstance(body, dict):
         raise ValidationError("the body must be a JSON object")
     unknown = sorted(set(body) - _FIELDS[action])

@@ -41,7 +41,16 @@ from awa.health import (
     unreachable,
 )
 from awa.hooks import HookDispatcher, HookRegistry
-from awa.insert import InsertKwargs, copy_flow, prepare_job, prepare_many, split_kwargs
+from awa.insert import (
+    MAX_ARGS_BYTES,
+    MAX_METADATA_BYTES,
+    InsertKwargs,
+    InsertRules,
+    copy_flow,
+    prepare_job,
+    prepare_many,
+    split_kwargs,
+)
 from awa.lifecycle import LifecycleRegistration
 from awa.migrations import check_version, migrate_async, migrate_sync, schema_version_flow
 from awa.model import JobRow, JobState
@@ -82,6 +91,8 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
         *,
         max_connections: int = 10,
         application_name: str = DEFAULT_APPLICATION_NAME,
+        max_args_bytes: int = MAX_ARGS_BYTES,
+        max_metadata_bytes: int = MAX_METADATA_BYTES,
     ) -> None:
         if max_connections < 1:
             raise ValueError("max_connections must be at least 1")
@@ -94,7 +105,10 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
         self._tasks = TaskRegistry()
         self._runtime: Runtime | None = None
         self._hooks = HookRegistry()
-        self._follow_ups = FollowUpRegistry(self._tasks.routes)
+        # Every insert of this client (follow-ups and staged ones too): the queue of each
+        # kind's task for inserts that name none, and the size limits.
+        self._insert_rules = InsertRules(self._tasks.routes, max_args_bytes, max_metadata_bytes)
+        self._follow_ups = FollowUpRegistry(self._insert_rules)
         self.hook_dispatcher = HookDispatcher(self._hooks)
 
     @property
@@ -167,7 +181,7 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
         UniqueConflict when ``unique_opts`` finds an existing job.
         """
         kind, opts = split_kwargs("insert", kwargs)
-        job = prepare_job(args, kind=kind, opts=opts, routes=self._tasks.routes)
+        job = prepare_job(args, kind=kind, opts=opts, rules=self._insert_rules)
         async with self.connection() as conn:
             return (await insert_prepared_async(conn, [job]))[0]
 
@@ -177,7 +191,7 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
         """Insert several jobs atomically. Items are args, or ``awa.EnqueueRequest`` to
         override the shared keyword options for one job."""
         kind, opts = split_kwargs("insert_many", kwargs)
-        prepared = prepare_many(jobs, kind=kind, opts=opts, routes=self._tasks.routes)
+        prepared = prepare_many(jobs, kind=kind, opts=opts, rules=self._insert_rules)
         async with self.connection() as conn:
             return await insert_prepared_async(conn, prepared)
 
@@ -187,7 +201,7 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
         """Bulk insert with COPY (atomic); same arguments as ``insert_many``."""
         kind, opts = split_kwargs("insert_many_copy", kwargs)
         async with self.connection() as conn, conn.transaction():
-            flow = copy_flow(jobs, kind=kind, opts=opts, routes=self._tasks.routes)
+            flow = copy_flow(jobs, kind=kind, opts=opts, rules=self._insert_rules)
             return await drive_async(conn, flow)
 
     def transaction(self) -> Transaction:
@@ -203,7 +217,7 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
             if self._pool is not None:
                 await self._pool.putconn(conn)
 
-        return Transaction(acquire, release, self._tasks.routes)
+        return Transaction(acquire, release, self._insert_rules)
 
     # Worker -------------------------------------------------------------------------------
 
@@ -375,12 +389,17 @@ class Client:
         *,
         max_connections: int = 10,
         application_name: str = DEFAULT_APPLICATION_NAME,
+        max_args_bytes: int = MAX_ARGS_BYTES,
+        max_metadata_bytes: int = MAX_METADATA_BYTES,
     ) -> None:
         if max_connections < 1:
             raise ValueError("max_connections must be at least 1")
         self._url = url
         self._max_connections = max_connections
         self._application_name = application_name
+        self._insert_rules = InsertRules(
+            max_args_bytes=max_args_bytes, max_metadata_bytes=max_metadata_bytes
+        )
         self._pool: psycopg_pool.ConnectionPool[psycopg.Connection[Any]] | None = None
         self._pool_lock = threading.Lock()
 
@@ -431,20 +450,20 @@ class Client:
 
     def insert(self, args: Any, **kwargs: Unpack[InsertKwargs]) -> JobRow:
         kind, opts = split_kwargs("insert", kwargs)
-        job = prepare_job(args, kind=kind, opts=opts)
+        job = prepare_job(args, kind=kind, opts=opts, rules=self._insert_rules)
         with self.connection() as conn:
             return insert_prepared_sync(conn, [job])[0]
 
     def insert_many(self, jobs: Iterable[Any], **kwargs: Unpack[InsertKwargs]) -> list[JobRow]:
         kind, opts = split_kwargs("insert_many", kwargs)
-        prepared = prepare_many(jobs, kind=kind, opts=opts)
+        prepared = prepare_many(jobs, kind=kind, opts=opts, rules=self._insert_rules)
         with self.connection() as conn:
             return insert_prepared_sync(conn, prepared)
 
     def insert_many_copy(self, jobs: Iterable[Any], **kwargs: Unpack[InsertKwargs]) -> list[JobRow]:
         kind, opts = split_kwargs("insert_many_copy", kwargs)
         with self.connection() as conn, conn.transaction():
-            return drive_sync(conn, copy_flow(jobs, kind=kind, opts=opts))
+            return drive_sync(conn, copy_flow(jobs, kind=kind, opts=opts, rules=self._insert_rules))
 
     def transaction(self) -> SyncTransaction:
         """``with client.transaction() as tx:`` commits on success, rolls back on error."""
@@ -457,7 +476,7 @@ class Client:
             if self._pool is not None:
                 self._pool.putconn(conn)
 
-        return SyncTransaction(acquire, release)
+        return SyncTransaction(acquire, release, self._insert_rules)
 
     def health_check(self, *, unserved_after: float = DEFAULT_UNSERVED_AFTER) -> HealthCheck:
         """Database reachable and migrated, a maintenance leader somewhere, the live

@@ -26,9 +26,9 @@ from awa.db import Flow, drive_async
 from awa.errors import AwaError
 from awa.events import RescueReason
 from awa.insert import (
-    NO_ROUTES,
+    DEFAULT_RULES,
+    InsertRules,
     PreparedJob,
-    Routes,
     SkippingInsert,
     insert_skipping_duplicates_flow,
     prepare_job,
@@ -130,13 +130,13 @@ class FollowUpSpec:
 
 
 class FollowUpRegistry:
-    """Specs by trigger and kind, in registration order, and the routes that send a
-    follow-up without ``queue=`` to its kind's queue."""
+    """Specs by trigger and kind, in registration order, and the client's insert rules
+    (follow-ups without ``queue=`` go to their kind's task queue)."""
 
-    def __init__(self, routes: Routes = NO_ROUTES) -> None:
+    def __init__(self, rules: InsertRules = DEFAULT_RULES) -> None:
         self._specs: dict[tuple[Trigger, str], list[FollowUpSpec]] = {}
         self._kinds: set[str] = set()
-        self.routes = routes
+        self.insert_rules = rules
 
     def add(self, spec: FollowUpSpec) -> None:
         check_name("kind", spec.kind)
@@ -163,7 +163,7 @@ async def prepare_follow_ups(
     specs: Sequence[FollowUpSpec],
     job: JobRow,
     context: TriggerContext,
-    routes: Routes = NO_ROUTES,
+    rules: InsertRules = DEFAULT_RULES,
 ) -> list[PreparedJob]:
     """Run the closures in order and validate what they ask for (like any insert)."""
     prepared = []
@@ -173,7 +173,7 @@ async def prepare_follow_ups(
         if request is None:
             continue
         try:
-            prepared.append(prepare_job(request, kind=None, opts=defaults, routes=routes))
+            prepared.append(prepare_job(request, kind=None, opts=defaults, rules=rules))
         except Exception as error:
             raise FollowUpError(f"{spec.name}: invalid follow-up: {error}") from error
     return prepared
@@ -184,13 +184,13 @@ async def insert_follow_ups(
     specs: Sequence[FollowUpSpec],
     job: JobRow,
     context: TriggerContext,
-    routes: Routes = NO_ROUTES,
+    rules: InsertRules = DEFAULT_RULES,
 ) -> SkippingInsert:
     """Run the specs for a committed-to-be transition and insert their follow-ups on
     ``conn`` (inside the transition's transaction). Closures see the row without its
     output: a job must not read another job's output."""
     trigger_row = dataclasses.replace(job, output=None) if job.output is not None else job
-    prepared = await prepare_follow_ups(specs, trigger_row, context, routes)
+    prepared = await prepare_follow_ups(specs, trigger_row, context, rules)
     result = await drive_async(conn, follow_up_flow(prepared))
     attributes = {metrics.KIND: job.kind, "awa.follow_up.trigger": context.trigger.value}
     if result.inserted:

@@ -40,19 +40,52 @@ from awa.sql import query
 
 UNIQUE_INDEX = "jobs_unique_key_idx"
 
-Routes = Mapping[str, str]
-"""Where a job goes when its insert names no queue: kind -> the queue its task was registered
-on (a client's task registry keeps one); kinds not in it go to ``"default"``."""
+MAX_ARGS_BYTES = 1024 * 1024
+"""Default limit of a job's args, serialized as JSON (UTF-8 bytes)."""
 
-NO_ROUTES: Routes = types.MappingProxyType({})
+MAX_METADATA_BYTES = 256 * 1024
+"""Default limit of a job's metadata, serialized as JSON (UTF-8 bytes)."""
 
 
-def route(routes: Routes, kind: str, queue: str | None) -> str:
-    """The queue a job of ``kind`` goes to: the explicit ``queue``, else its task's, else
-    ``"default"``."""
-    if queue is not None:
-        return queue
-    return routes.get(kind, DEFAULT_QUEUE)
+@dataclasses.dataclass(frozen=True, slots=True)
+class InsertRules:
+    """What a client decides for every job it inserts, follow-ups and staged ones included:
+    ``routes`` (kind -> the queue its task was registered on) sends a job whose insert names
+    no queue to its task's queue, else ``"default"``; args and metadata may not exceed
+    ``max_args_bytes`` and ``max_metadata_bytes`` as JSON."""
+
+    routes: Mapping[str, str] = dataclasses.field(
+        default_factory=lambda: types.MappingProxyType({})
+    )
+    max_args_bytes: int = MAX_ARGS_BYTES
+    max_metadata_bytes: int = MAX_METADATA_BYTES
+
+    def __post_init__(self) -> None:
+        for field in ("max_args_bytes", "max_metadata_bytes"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValidationError(f"{field} must be a positive integer, got {value!r}")
+
+    def queue_for(self, kind: str, queue: str | None) -> str:
+        """The queue a job of ``kind`` goes to: the explicit ``queue``, else its task's."""
+        if queue is not None:
+            return queue
+        return self.routes.get(kind, DEFAULT_QUEUE)
+
+
+DEFAULT_RULES = InsertRules()
+
+
+def check_size(field: str, text: str, limit: int) -> None:
+    """Raise ValidationError when ``text`` is more than ``limit`` bytes in UTF-8."""
+    if len(text) * 4 <= limit:  # no character takes more than 4 bytes: the common case
+        return
+    size = len(text.encode())
+    if size > limit:
+        raise ValidationError(
+            f"{field} is {size} bytes as JSON; the limit is {limit} bytes (max_{field}_bytes "
+            "of the client). Store large data elsewhere and pass a reference"
+        )
 
 
 def unique_key(kind: str, queue: str | None, args_json: str | None, bucket: int | None) -> bytes:
@@ -128,14 +161,16 @@ class CheckedOpts:
     deadline_duration: dt.timedelta | None
 
 
-def check_opts(opts: InsertOpts) -> CheckedOpts:
+def check_opts(opts: InsertOpts, rules: InsertRules = DEFAULT_RULES) -> CheckedOpts:
     """Validate options once; raises ValidationError naming the field and its limit."""
     opts.validated()
     ordering = opts.ordering_key
+    metadata_json = dump_json(dict(opts.metadata) if opts.metadata else {}, "metadata")
+    check_size("metadata", metadata_json, rules.max_metadata_bytes)
     return CheckedOpts(
         opts=opts,
         run_at=check_run_at(opts.run_at) if opts.run_at is not None else None,
-        metadata_json=dump_json(dict(opts.metadata) if opts.metadata else {}, "metadata"),
+        metadata_json=metadata_json,
         tags=list(opts.tags),
         unique=UniqueOpts.coerce(opts.unique),
         ordering_key=ordering.encode()
@@ -155,12 +190,12 @@ def prepare_job(
     kind: str | None,
     opts: InsertOpts,
     checked: CheckedOpts | None = None,
-    routes: Routes = NO_ROUTES,
+    rules: InsertRules = DEFAULT_RULES,
 ) -> PreparedJob:
     """Validate one job and turn it into a PreparedJob; raises ValidationError.
 
-    ``checked`` is ``check_opts(opts)`` when the caller already has it (batches); ``routes``
-    picks the queue when the options name none.
+    ``checked`` is ``check_opts(opts)`` when the caller already has it (batches); ``rules``
+    pick the queue when the options name none, and limit the sizes.
     """
     if isinstance(args, EnqueueRequest):
         kind = args.kind_override if args.kind_override is not None else kind
@@ -170,10 +205,11 @@ def prepare_job(
         opts = request_opts
         args = args.args
     if checked is None:
-        checked = check_opts(opts)
+        checked = check_opts(opts, rules)
     job_kind = check_name("kind", kind_for(args, kind))
-    queue = route(routes, job_kind, opts.queue)
-    return _prepared(job_kind, queue, args, args_encoder(type(args)), opts, checked)
+    queue = rules.queue_for(job_kind, opts.queue)
+    encoder = args_encoder(type(args))
+    return _prepared(job_kind, queue, args, encoder, opts, checked, rules.max_args_bytes)
 
 
 def _prepared(
@@ -183,9 +219,11 @@ def _prepared(
     encoder: Encoder,
     opts: InsertOpts,
     checked: CheckedOpts,
+    max_args_bytes: int,
 ) -> PreparedJob:
     value = encode_args(encoder, args)
     args_json = dump_json(value, "args")
+    check_size("args", args_json, max_args_bytes)
     if value is args:
         # A dict passed in is the caller's: the stored row gets its own copy.
         value = orjson.loads(args_json)
@@ -264,11 +302,13 @@ class BatchPreparer:
     shared options. The options are checked once, and the kind, queue and encoder of each
     args type are looked up once (bulk inserts prepare tens of thousands of jobs a second)."""
 
-    def __init__(self, kind: str | None, opts: InsertOpts, routes: Routes = NO_ROUTES) -> None:
+    def __init__(
+        self, kind: str | None, opts: InsertOpts, rules: InsertRules = DEFAULT_RULES
+    ) -> None:
         self._kind = kind
         self._opts = opts
-        self._routes = routes
-        self.checked = check_opts(opts)
+        self._rules = rules
+        self.checked = check_opts(opts, rules)
         self._by_type: dict[type[Any], tuple[str, str, Encoder]] = {}
 
     def prepare(self, index: int, item: Any) -> PreparedJob:
@@ -282,14 +322,15 @@ class BatchPreparer:
                         kind=self._kind,
                         opts=self._opts,
                         checked=self.checked,
-                        routes=self._routes,
+                        rules=self._rules,
                     )
                 job_kind = check_name("kind", kind_for(item, self._kind))
-                queue = route(self._routes, job_kind, self._opts.queue)
+                queue = self._rules.queue_for(job_kind, self._opts.queue)
                 cached = (job_kind, queue, args_encoder(type(item)))
                 self._by_type[type(item)] = cached
             job_kind, queue, encoder = cached
-            return _prepared(job_kind, queue, item, encoder, self._opts, self.checked)
+            limit = self._rules.max_args_bytes
+            return _prepared(job_kind, queue, item, encoder, self._opts, self.checked, limit)
         except ValidationError as error:
             raise ValidationError(f"job {index}: {error}") from None
 
@@ -298,12 +339,12 @@ class BatchPreparer:
 
 
 def prepare_many(
-    jobs: Iterable[Any], *, kind: str | None, opts: InsertOpts, routes: Routes = NO_ROUTES
+    jobs: Iterable[Any], *, kind: str | None, opts: InsertOpts, rules: InsertRules = DEFAULT_RULES
 ) -> list[PreparedJob]:
     """Prepare a batch; items are args or EnqueueRequests overriding the shared options."""
     if isinstance(jobs, Mapping | str | bytes):
         raise ValidationError("insert_many() takes a list of jobs")
-    return BatchPreparer(kind, opts, routes).prepare_all(jobs)
+    return BatchPreparer(kind, opts, rules).prepare_all(jobs)
 
 
 # Rows per statement when a batch goes through the INSERT path.
@@ -398,7 +439,7 @@ def insert_skipping_duplicates_flow(jobs: Sequence[PreparedJob]) -> Flow[Skippin
 
 
 def copy_flow(
-    items: Iterable[Any], *, kind: str | None, opts: InsertOpts, routes: Routes = NO_ROUTES
+    items: Iterable[Any], *, kind: str | None, opts: InsertOpts, rules: InsertRules = DEFAULT_RULES
 ) -> Flow[list[JobRow]]:
     """Bulk insert with COPY; run it inside a transaction.
 
@@ -409,7 +450,7 @@ def copy_flow(
     if isinstance(items, Mapping | str | bytes):
         raise ValidationError("insert_many_copy() takes a list of jobs")
     batch = list(items)
-    preparer = BatchPreparer(kind, opts, routes)
+    preparer = BatchPreparer(kind, opts, rules)
     if preparer.checked.unique is not None or any(
         isinstance(item, EnqueueRequest) and item.resolve(opts).unique is not None for item in batch
     ):

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, Unpack
 
 from awa import staging
 from awa.errors import CallbackWaitError, ValidationError
-from awa.insert import NO_ROUTES, InsertKwargs, Routes
+from awa.insert import DEFAULT_RULES, InsertKwargs, InsertRules
 from awa.model import JobRow, JobState
 from awa.outcomes import CallbackToken
 
@@ -454,9 +454,9 @@ class Job(Generic[A]):
         runs again with it); None when there is none."""
         return self.metadata.get(CALLBACK_RESULT_KEY)
 
-    def _routes(self) -> Routes:
-        """Where follow-ups staged without ``queue=`` go: their kind's task queue."""
-        return self._services.routes if self._services is not None else NO_ROUTES
+    def _insert_rules(self) -> InsertRules:
+        """The rules of follow-ups staged by the handler (queues, size limits)."""
+        return self._services.insert_rules if self._services is not None else DEFAULT_RULES
 
     def _require_services(self, name: str) -> AttemptServices:
         if self._services is None:
@@ -470,13 +470,12 @@ class Job(Generic[A]):
         await self._services.flush_progress(self)
 
     def flush_progress_sync(self) -> None:
-        """``flush_progress()`` for plain ``def`` handlers running in a worker thread."""
+        """``flush_progress()`` for plain ``def`` handlers running in a worker thread. On the
+        event loop's own thread it raises RuntimeError (waiting there would hang the loop):
+        an async handler awaits ``flush_progress()``."""
         if self._services is None:
             raise RuntimeError("flush_progress_sync() is only available while the job runs")
-        future = asyncio.run_coroutine_threadsafe(
-            self._services.flush_progress(self), self._services.loop
-        )
-        future.result()
+        self._run_from_thread("flush_progress_sync", self._services.flush_progress(self))
 
     def __repr__(self) -> str:
         return (

@@ -186,6 +186,8 @@ class InsertOpts:
             self.ordering_key, bytes | bytearray | str
         ):
             raise ValidationError("ordering_key must be bytes or str")
+        if isinstance(self.ordering_key, str):
+            check_encodable("ordering_key", self.ordering_key)
         if self.deadline_duration is not None:
             to_timedelta(self.deadline_duration, "deadline_duration")
         return self
@@ -202,7 +204,23 @@ def check_name(field: str, value: object) -> str:
         )
     if "\x00" in value:
         raise ValidationError(f"{field} contains a NUL byte, which Postgres cannot store")
+    check_encodable(field, value)
     return value
+
+
+def check_encodable(field: str, value: str) -> None:
+    """Raise ValidationError when ``value`` holds a lone surrogate (``"\\ud800"``): such a
+    string has no UTF-8 form, so the database could not store it."""
+    if value.isascii():
+        return
+    try:
+        value.encode()
+    except UnicodeEncodeError as error:
+        bad = value[error.start]
+        raise ValidationError(
+            f"{field} contains a lone surrogate ({bad!r} at position {error.start}), which is "
+            "not valid text and cannot be stored"
+        ) from None
 
 
 def check_int_range(field: str, value: object, low: int, high: int) -> int:
@@ -224,6 +242,7 @@ def check_tags(tags: object) -> list[str]:
             raise ValidationError(f"tags must be strings, got {type(tag).__name__}")
         if "\x00" in tag:
             raise ValidationError(f"tag {tag!r} contains a NUL byte, which Postgres cannot store")
+        check_encodable("tag", tag)
     return cast(list[str], items)
 
 

@@ -67,7 +67,7 @@ class CallbackResolution:
                 specs = self._follow_ups.specs(effect.context.trigger, effect.row.kind)
                 if specs:
                     await insert_follow_ups(
-                        conn, specs, effect.row, effect.context, self._follow_ups.routes
+                        conn, specs, effect.row, effect.context, self._follow_ups.insert_rules
                     )
         if effect is not None:
             await self.hook_dispatcher.dispatch_and_wait(effect.event)

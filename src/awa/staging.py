@@ -169,7 +169,7 @@ def stage(job: Job[Any], args: Any, kwargs: Mapping[str, Any]) -> StagedFollowUp
     buffer = _buffer(job)
     try:
         kind, opts = split_kwargs("enqueue_on_completion", kwargs)
-        prepared = prepare_job(args, kind=kind, opts=opts, routes=job._routes())
+        prepared = prepare_job(args, kind=kind, opts=opts, rules=job._insert_rules())
     except Exception as error:
         raise _fail(buffer, f"cannot stage the follow-up: {error}") from error
     size = staged_size(prepared)

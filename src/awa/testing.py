@@ -31,7 +31,7 @@ from awa.db import Statement, run_async, translate_errors
 from awa.errors import CallbackWaitError, ValidationError
 from awa.events import JobEvent, Started
 from awa.followups import FollowUpError
-from awa.insert import NO_ROUTES, InsertKwargs, Routes
+from awa.insert import DEFAULT_RULES, InsertKwargs, InsertRules
 from awa.job import CALLBACK_RESULT_KEY, Job
 from awa.kinds import args_to_json_value, derive_kind
 from awa.model import JobRow, JobState, check_name
@@ -130,8 +130,8 @@ class _Services:
         return self._loop
 
     @property
-    def routes(self) -> Routes:
-        return self._client._tasks.routes
+    def insert_rules(self) -> InsertRules:
+        return self._client._follow_ups.insert_rules
 
     async def flush_progress(self, job: Job[Any]) -> None:
         progress = progress_param(job)
@@ -398,13 +398,13 @@ class HandlerJob(Job[A], Generic[A]):
             progress=progress,
         )
         self._args = args
-        self._task_routes: Routes = client._tasks.routes if client is not None else NO_ROUTES
+        self._rules = client._follow_ups.insert_rules if client is not None else DEFAULT_RULES
         self.callbacks: list[RegisteredCallback] = []
         self.progress_flushes: list[dict[str, Any] | None] = []
         self._payloads = collections.deque(callback_payloads)
 
-    def _routes(self) -> Routes:
-        return self._task_routes
+    def _insert_rules(self) -> InsertRules:
+        return self._rules
 
     @property
     def staging_error(self) -> str | None:

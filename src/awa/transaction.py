@@ -22,10 +22,10 @@ from psycopg.rows import dict_row
 from awa.db import drive_async, drive_sync, translate_errors
 from awa.errors import AwaError, DatabaseError
 from awa.insert import (
-    NO_ROUTES,
+    DEFAULT_RULES,
     InsertKwargs,
+    InsertRules,
     PreparedJob,
-    Routes,
     insert_flow,
     insert_one_flow,
     needs_transaction,
@@ -118,11 +118,11 @@ class Transaction:
         self,
         acquire: Callable[[], Awaitable[psycopg.AsyncConnection[Any]]],
         release: Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]],
-        routes: Routes = NO_ROUTES,
+        rules: InsertRules = DEFAULT_RULES,
     ) -> None:
         self._acquire = acquire
         self._release = release
-        self._routes = routes
+        self._rules = rules
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._block: AbstractAsyncContextManager[psycopg.AsyncTransaction] | None = None
         self._done = False
@@ -171,7 +171,7 @@ class Transaction:
     async def insert(self, args: Any, **kwargs: Unpack[InsertKwargs]) -> JobRow:
         """Insert one job in this transaction (see ``AsyncClient.insert``)."""
         kind, opts = split_kwargs("insert", kwargs)
-        job = prepare_job(args, kind=kind, opts=opts, routes=self._routes)
+        job = prepare_job(args, kind=kind, opts=opts, rules=self._rules)
         return (await insert_prepared_async(self.connection, [job]))[0]
 
     async def insert_many(
@@ -179,7 +179,7 @@ class Transaction:
     ) -> list[JobRow]:
         """Insert several jobs in this transaction (see ``AsyncClient.insert_many``)."""
         kind, opts = split_kwargs("insert_many", kwargs)
-        prepared = prepare_many(jobs, kind=kind, opts=opts, routes=self._routes)
+        prepared = prepare_many(jobs, kind=kind, opts=opts, rules=self._rules)
         return await insert_prepared_async(self.connection, prepared)
 
     async def execute(self, query: str, *params: Any) -> int:
@@ -240,7 +240,9 @@ class SyncTransaction:
         self,
         acquire: Callable[[], psycopg.Connection[Any]],
         release: Callable[[psycopg.Connection[Any]], None],
+        rules: InsertRules = DEFAULT_RULES,
     ) -> None:
+        self._rules = rules
         conn = acquire()
         try:
             block = conn.transaction()
@@ -278,12 +280,13 @@ class SyncTransaction:
 
     def insert(self, args: Any, **kwargs: Unpack[InsertKwargs]) -> JobRow:
         kind, opts = split_kwargs("insert", kwargs)
-        job = prepare_job(args, kind=kind, opts=opts)
+        job = prepare_job(args, kind=kind, opts=opts, rules=self._rules)
         return insert_prepared_sync(self.connection, [job])[0]
 
     def insert_many(self, jobs: Iterable[Any], **kwargs: Unpack[InsertKwargs]) -> list[JobRow]:
         kind, opts = split_kwargs("insert_many", kwargs)
-        return insert_prepared_sync(self.connection, prepare_many(jobs, kind=kind, opts=opts))
+        prepared = prepare_many(jobs, kind=kind, opts=opts, rules=self._rules)
+        return insert_prepared_sync(self.connection, prepared)
 
     def execute(self, query: str, *params: Any) -> int:
         with _own_statement_errors():

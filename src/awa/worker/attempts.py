@@ -6,7 +6,7 @@ import asyncio
 from typing import Any, Protocol, TypeVar
 
 from awa.db import Statement
-from awa.insert import Routes
+from awa.insert import InsertRules
 from awa.job import Job
 
 R = TypeVar("R")
@@ -19,8 +19,8 @@ class AttemptServices(Protocol):
     def loop(self) -> asyncio.AbstractEventLoop: ...
 
     @property
-    def routes(self) -> Routes:
-        """kind -> queue, for follow-ups staged without ``queue=``."""
+    def insert_rules(self) -> InsertRules:
+        """The client's rules for follow-ups the handler stages (queues, size limits)."""
         ...
 
     async def flush_progress(self, job: Job[Any]) -> None: ...

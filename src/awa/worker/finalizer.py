@@ -313,10 +313,10 @@ class Finalizer:
             specs = self._follow_ups.specs(trigger, job.kind)
             if specs:
                 context = trigger_context(trigger, row, outcome)
-                routes = self._follow_ups.routes
+                rules = self._follow_ups.insert_rules
                 names = ", ".join(spec.name for spec in specs)
                 with _insert_failures(f"inserting the follow-ups of {names}"):
-                    inserted = await insert_follow_ups(conn, specs, row, context, routes)
+                    inserted = await insert_follow_ups(conn, specs, row, context, rules)
                 follow_ups.extend(inserted.inserted)
             # Staged follow-ups go in after the registered specs, with the same rules for
             # duplicates. Only a completion has any left (settle_staged dropped the rest).

@@ -24,7 +24,7 @@ from awa.followups import (
     insert_follow_ups,
 )
 from awa.hooks import HookDispatcher
-from awa.insert import Routes
+from awa.insert import InsertRules
 from awa.job import Job
 from awa.kinds import decoder_for
 from awa.model import JobRow, JobState
@@ -133,8 +133,8 @@ class Runtime:
         return self._loop
 
     @property
-    def routes(self) -> Routes:
-        return self.registry.routes
+    def insert_rules(self) -> InsertRules:
+        return self._follow_ups.insert_rules
 
     async def flush_progress(self, job: Job[Any]) -> None:
         from awa.worker.completer import progress_param
@@ -293,7 +293,7 @@ class Runtime:
                     async with asyncio.timeout(RESCUE_FOLLOW_UP_TIMEOUT):
                         async with self._client.connection() as conn, conn.transaction():
                             await insert_follow_ups(
-                                conn, specs, row, context, self._follow_ups.routes
+                                conn, specs, row, context, self._follow_ups.insert_rules
                             )
                 except Exception as error:
                     metrics.follow_up_failures.add(1, {metrics.KIND: row.kind})
