@@ -1,5 +1,7 @@
 """``awa callback complete|fail|retry|resume|resolve|heartbeat ID``: admin-level answers to a
-callback (the row changes; no hooks, no follow-ups), checked against the database."""
+callback (the row changes; no hooks, no follow-ups), checked against the database; the help
+of the ``awa callback`` group; the deprecated ``awa callbacks serve`` alias. ``awa callback
+serve`` itself is tested on a socket in test_callbacks_http.py."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import json
 import uuid
 from typing import Any
 
+import pytest
 from click.testing import CliRunner, Result
 
 import awa
@@ -132,3 +135,66 @@ def test_errors(database_url: str, sync_client: awa.Client, conn: Conn) -> None:
     assert unknown.stderr.startswith("error: callback not found")
     assert "Traceback" not in unknown.output
     assert row(conn, job_id)["state"] == "waiting_external"
+
+
+# help and the deprecated alias ---------------------------------------------------------------
+
+
+COMMANDS = ["complete", "fail", "retry", "resume", "resolve", "heartbeat", "serve"]
+
+
+def help_text(*args: str) -> str:
+    result = CliRunner().invoke(main, [*args, "--help"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return " ".join(result.stdout.split())  # unwrapped
+
+
+def commands_listed(*args: str) -> dict[str, str]:
+    """The commands a group's help lists, with their one-line summaries."""
+    text = CliRunner().invoke(main, [*args, "--help"]).stdout
+    lines = text.split("Commands:")[1].strip().splitlines()
+    return dict(line.strip().split(maxsplit=1) for line in lines)
+
+
+def test_one_group_lists_every_command_with_a_full_sentence() -> None:
+    listed = commands_listed("callback")
+    assert sorted(listed) == sorted(COMMANDS)
+    for summary in listed.values():
+        assert summary.endswith(".")
+        assert not summary.endswith("...")  # no summary cut short
+    group = help_text("callback")
+    assert "no lifecycle hook and no follow-up job fires" in group
+    assert "awa callback serve MODULE:CLIENT" in group
+    top = commands_listed()
+    assert "callback" in top
+    assert "callbacks" not in top  # the deprecated alias stays out of the help
+
+
+@pytest.mark.parametrize(
+    ("command", "phrases"),
+    [
+        ("complete", ["ID", "--payload", "becomes its output", "no Completed event"]),
+        ("fail", ["ID", "--error", "terminal error", "no Exhausted event"]),
+        ("retry", ["ID", "Parked jobs only", "attempt 0", "no Retried event"]),
+        ("resume", ["ID", "job.callback_result", "wait_for_callback()", "fires nothing"]),
+        ("resolve", ["ID", "on_fail", "--default-action", "Fires nothing"]),
+        ("heartbeat", ["ID", "--timeout SECONDS", "Parked jobs only", "Fires nothing"]),
+        ("serve", ["MODULE:CLIENT", "hooks run", "fires nothing", "--allow-unsigned"]),
+    ],
+)
+def test_each_command_says_what_it_takes_and_what_fires(command: str, phrases: list[str]) -> None:
+    text = help_text("callback", command)
+    for phrase in phrases:
+        assert phrase in text, (phrase, text)
+
+
+def test_callbacks_serve_is_a_deprecated_alias(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AWA_CALLBACK_SECRET", raising=False)
+    result = CliRunner().invoke(main, ["callbacks", "serve", "--port", "1"], prog_name="awa")
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [
+        "awa: `awa callbacks serve` is deprecated; use `awa callback serve`",
+        "error: give --secret (or AWA_CALLBACK_SECRET), or --allow-unsigned "
+        "(see 'awa callbacks serve --help')",
+    ]
+    assert "Deprecated: use `awa callback serve`." in help_text("callbacks", "serve")

@@ -1,5 +1,5 @@
 """The HTTP callback receiver: ``awa.callbacks_http.create_app`` (through httpx's ASGI
-transport) and ``awa callbacks serve`` (a real server on a socket).
+transport) and ``awa callback serve`` (a real server on a socket).
 
 Contract: POST /callbacks/{id}/complete|fail|retry|resume|resolve|heartbeat with JSON
 bodies; JSON answers with the job's state; 404 no such callback, 400 bad input, 401 a
@@ -353,7 +353,7 @@ async def test_custom_prefix(client: awa.AsyncClient, conn: Conn) -> None:
     assert response.status_code == 200, response.text
 
 
-# awa callbacks serve: a real server --------------------------------------------------------------
+# awa callback serve: a real server ---------------------------------------------------------------
 
 
 def free_port() -> int:
@@ -364,11 +364,14 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serving(database_url: str, *args: str, cwd: Path | None = None) -> Iterator[str]:
-    """Run ``awa callbacks serve`` on a free port; yields its base URL."""
+def serving(
+    database_url: str, *args: str, cwd: Path | None = None, group: str = "callback"
+) -> Iterator[str]:
+    """Run ``awa callback serve`` (or the deprecated ``awa callbacks serve`` with
+    ``group="callbacks"``) on a free port; yields its base URL."""
     port = free_port()
     env = {**os.environ, "DATABASE_URL": database_url, "AWA_CALLBACK_SECRET": SECRET}
-    command = [str(AWA), "callbacks", "serve", "--port", str(port), *args]
+    command = [str(AWA), group, "serve", "--port", str(port), *args]
     process = subprocess.Popen(
         command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -391,13 +394,17 @@ def serving(database_url: str, *args: str, cwd: Path | None = None) -> Iterator[
             process.wait()
 
 
-async def test_served_on_a_socket(client: awa.AsyncClient, database_url: str, conn: Conn) -> None:
+@pytest.mark.parametrize("group", ["callback", "callbacks"])
+async def test_served_on_a_socket(
+    client: awa.AsyncClient, database_url: str, conn: Conn, group: str
+) -> None:
     """The CLI server (secret from AWA_CALLBACK_SECRET): a bad signature is refused and the
-    row is untouched; a good one completes the job."""
+    row is untouched; a good one completes the job. The deprecated `awa callbacks serve`
+    still serves."""
     job_id, cb = await insert_parked(client, conn)
     path = f"/callbacks/{cb}/complete"
     body = json.dumps({"payload": {"via": "http"}}).encode()
-    with serving(database_url) as base:
+    with serving(database_url, group=group) as base:
         async with httpx.AsyncClient(base_url=base, timeout=10) as http:
             forged = sign_request("wrong secret", "POST", path, body)
             refused = await http.post(path, content=body, headers=forged)
@@ -460,7 +467,7 @@ def test_serve_needs_a_secret_or_allow_unsigned(database_url: str) -> None:
     env = {k: v for k, v in os.environ.items() if k != "AWA_CALLBACK_SECRET"}
     env["DATABASE_URL"] = database_url
     result = subprocess.run(
-        [str(AWA), "callbacks", "serve", "--port", str(free_port())],
+        [str(AWA), "callback", "serve", "--port", str(free_port())],
         env=env,
         capture_output=True,
         text=True,

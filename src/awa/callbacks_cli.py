@@ -1,9 +1,9 @@
-"""``awa callback ...`` (answer a callback by hand) and ``awa callbacks serve`` (the HTTP
-receiver).
+"""``awa callback``: answer external callbacks by hand, or serve the HTTP receiver.
 
-``awa callback`` works like ``awa job``: it changes rows only, through ``awa.admin``, so no
-lifecycle hook or follow-up fires. ``awa callbacks serve MODULE:CLIENT`` resolves through
-your AsyncClient, so its hooks and follow-ups do fire.
+``complete``, ``fail``, ``retry``, ``resume``, ``resolve`` and ``heartbeat`` work like ``awa
+job``: they change rows only, through ``awa.admin``, so no lifecycle hook or follow-up fires.
+``serve MODULE:CLIENT`` resolves through your AsyncClient, so its hooks and follow-ups do
+fire. ``awa callbacks serve`` remains as a hidden, deprecated alias of ``awa callback serve``.
 """
 
 from __future__ import annotations
@@ -33,10 +33,18 @@ from awa.model import JobRow
 
 @main.group()
 def callback() -> None:
-    """Answer a job's external callback by hand (complete, fail, retry, resume, resolve).
+    """Answer external callbacks: by hand, or over HTTP with `serve`.
 
-    ID is the callback id the job registered (see `awa job get`). These commands change
-    rows only: no lifecycle hooks or follow-up jobs fire.
+    A job that waits for another system (a payment provider, an approval) registers a
+    callback and parks in waiting_external, or waits inside its handler. ID is the
+    callback id it registered: `awa job get JOB_ID` shows it as "callback id". An answer
+    for a callback no job holds (answered already, replaced, timed out, or another
+    attempt's with --run-lease) ends with "callback not found".
+
+    complete, fail, retry, resume, resolve and heartbeat change the job's row only, like
+    `awa job`: no lifecycle hook and no follow-up job fires. Hooks and follow-ups live in
+    your AsyncClient; to fire them, answer through it (client.complete_external(...)) or
+    run `awa callback serve MODULE:CLIENT`.
     """
 
 
@@ -76,7 +84,13 @@ def _report(row: JobRow, as_json: bool, note: str = "") -> None:
 def complete(
     client: awa.Client, callback_id: str, payload: str | None, run_lease: int | None, as_json: bool
 ) -> None:
-    """Complete the job holding callback ID; the payload becomes its output."""
+    """Complete the job holding callback ID.
+
+    The job, parked or waiting in its handler, ends completed; the --payload, if given,
+    becomes its output. A handler waiting in job.wait_for_callback() gets
+    CallbackWaitError. Fires nothing: no Completed event, no on_completed_enqueue
+    follow-up.
+    """
     with client.connection() as conn:
         row = awa.admin.complete_external(conn, callback_id, _payload(payload), run_lease)
     _report(row, as_json)
@@ -91,7 +105,11 @@ def complete(
 def fail(
     client: awa.Client, callback_id: str, error: str, run_lease: int | None, as_json: bool
 ) -> None:
-    """Fail the job holding callback ID, for good."""
+    """Fail the job holding callback ID, for good.
+
+    The job ends failed, with no further attempt; --error is recorded in its errors as a
+    terminal error. Fires nothing: no Exhausted event, no on_exhausted_enqueue follow-up.
+    """
     with client.connection() as conn:
         row = awa.admin.fail_external(conn, callback_id, error, run_lease)
     _report(row, as_json)
@@ -103,7 +121,12 @@ def fail(
 @json_option
 @pass_client
 def retry(client: awa.Client, callback_id: str, run_lease: int | None, as_json: bool) -> None:
-    """Run the job parked on callback ID again, with a fresh attempt budget."""
+    """Run the job parked on callback ID again, from attempt 0.
+
+    Parked jobs only: the job becomes available now with a fresh attempt budget, and its
+    callback is dropped (the ID is no longer found). Fires nothing: no Retried event, no
+    on_retried_enqueue follow-up.
+    """
     with client.connection() as conn:
         row = awa.admin.retry_external(conn, callback_id, run_lease)
     _report(row, as_json)
@@ -118,10 +141,12 @@ def retry(client: awa.Client, callback_id: str, run_lease: int | None, as_json: 
 def resume(
     client: awa.Client, callback_id: str, payload: str | None, run_lease: int | None, as_json: bool
 ) -> None:
-    """Hand the payload to the job holding callback ID.
+    """Hand a payload to the job holding callback ID; it goes on.
 
-    A handler waiting in job.wait_for_callback() continues with it; a job parked by
-    WaitForCallback runs again and finds it in job.callback_result.
+    A handler waiting in job.wait_for_callback() continues with the --payload. A job
+    parked by WaitForCallback becomes available (the attempt is given back), runs again and
+    finds the payload in job.callback_result. Resuming fires nothing itself; the job's next
+    outcome fires its events in the worker as usual.
     """
     with client.connection() as conn:
         row = awa.admin.resume_external(conn, callback_id, _payload(payload), run_lease)
@@ -149,7 +174,15 @@ def resolve(
     run_lease: int | None,
     as_json: bool,
 ) -> None:
-    """Complete, fail or ignore by the callback's CEL expressions and the payload."""
+    """Let the callback's CEL expressions decide on the payload.
+
+    Completes, fails or ignores the job holding callback ID. The expressions the job
+    registered are evaluated against the --payload: a false filter ignores it, a true
+    on_fail fails the job, a true on_complete completes it with transform(payload) as its
+    output. When the job registered no expression, or none matched, --default-action
+    decides; "ignore" leaves the job parked. Prints the outcome and why. Fires nothing: no
+    event, no follow-up.
+    """
     with client.connection() as conn:
         result: ResolveResult = awa.admin.resolve_callback(
             conn, callback_id, _payload(payload), default_action, run_lease
@@ -176,21 +209,22 @@ def resolve(
 @json_option
 @pass_client
 def heartbeat(client: awa.Client, callback_id: str, timeout_seconds: float, as_json: bool) -> None:
-    """Push the timeout of the job parked on callback ID to SECONDS from now."""
+    """Move the callback's timeout to SECONDS from now.
+
+    The timeout of the job parked on callback ID moves to --timeout SECONDS from now. For an
+    answer known to be still coming: the job stays parked with the same callback,
+    and is rescued only if no answer arrives by the new time. Parked jobs only. Fires
+    nothing.
+    """
     with client.connection() as conn:
         row = awa.admin.heartbeat_callback(conn, callback_id, timeout_seconds)
     _report(row, as_json, f"; its callback times out at {format_time(row.callback_timeout_at)}")
 
 
-# awa callbacks serve --------------------------------------------------------------------------
+# awa callback serve ---------------------------------------------------------------------------
 
 
-@main.group()
-def callbacks() -> None:
-    """Receive external callbacks over HTTP."""
-
-
-@callbacks.command("serve")
+@callback.command("serve")
 @click.argument("target", metavar="[MODULE:CLIENT]", required=False)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
 @click.option("--port", type=int, default=8080, show_default=True, help="Port to listen on.")
@@ -218,12 +252,19 @@ def serve(
     prefix: str,
     log_level: str,
 ) -> None:
-    """Serve POST /callbacks/{id}/complete|fail|retry|resume|resolve|heartbeat.
+    """Answer callbacks over HTTP (the receiver for webhooks).
 
-    With MODULE:CLIENT (an awa.AsyncClient, e.g. myapp.jobs:client) resolutions run that
-    client's lifecycle hooks and follow-ups; without it, a plain client makes the same
-    transitions and fires nothing. Requests must be signed with --secret unless
-    --allow-unsigned is given.
+    Runs until interrupted (Ctrl-C or SIGTERM). Serves POST
+    PREFIX/ID/complete|fail|retry|resume|resolve|heartbeat (PREFIX is --prefix, /callbacks
+    by default), each doing what the command of the same name does, with a JSON body such as
+    {"payload": ...}.
+
+    With MODULE:CLIENT (an awa.AsyncClient, e.g. myapp.jobs:client) answers go through that
+    client: its lifecycle hooks run and its follow-up jobs are inserted in the answer's
+    transaction. Without it a plain client makes the same transitions and fires nothing.
+
+    Requests must be signed with the shared --secret (HMAC-SHA256; see
+    docs/callbacks.md) unless --allow-unsigned is given.
     """
     if not secret and not allow_unsigned:
         raise click.UsageError("give --secret (or AWA_CALLBACK_SECRET), or --allow-unsigned")
@@ -255,6 +296,21 @@ def serve(
     )
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="off")
     asyncio.run(_serve(uvicorn.Server(config), client))
+
+
+# The name of the first release, kept out of the help: `awa callbacks serve`.
+
+
+@main.group(hidden=True)
+def callbacks() -> None:
+    """Deprecated: use `awa callback serve`."""
+
+
+@callbacks.command("serve", params=list(serve.params), help="Deprecated: use `awa callback serve`.")
+@click.pass_context
+def deprecated_serve(ctx: click.Context, /, **options: Any) -> None:
+    click.echo("awa: `awa callbacks serve` is deprecated; use `awa callback serve`", err=True)
+    ctx.forward(serve)
 
 
 async def _serve(server: Any, client: awa.AsyncClient) -> None:
