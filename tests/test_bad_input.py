@@ -178,3 +178,13 @@ async def test_flush_progress_sync_on_the_loop_thread_raises_instead_of_hanging(
     finally:
         await client.shutdown()
     assert "flush_progress_sync() is for def handlers" in errors[0]
+
+
+async def test_clients_refuse_a_url_that_is_not_postgres(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(awa.ValidationError, match="sqlite://, which is not a PostgreSQL URL"):
+        awa.Client("sqlite:///jobs.db").get_job(1)
+    with pytest.raises(awa.ValidationError, match="not a PostgreSQL URL"):
+        await awa.AsyncClient("mysql://app@db/app").get_job(1)
+    monkeypatch.setenv("DATABASE_URL", "redis://localhost")
+    with pytest.raises(awa.ValidationError, match="^DATABASE_URL: .*redis://"):
+        await awa.AsyncClient().get_job(1)

@@ -30,10 +30,13 @@ def resolve_database_url(url: str | None = None) -> str:
     """The connection string to use: ``url``, else ``DATABASE_URL``, else the libpq ``PG*``
     variables, else the embedded server (started on first use)."""
     if url:
-        return url
+        return check_database_url(url)
     env_url = os.environ.get("DATABASE_URL")
     if env_url:
-        return env_url
+        try:
+            return check_database_url(env_url)
+        except ValidationError as error:
+            raise ValidationError(f"DATABASE_URL: {error}") from None
     if any(os.environ.get(name) for name in _PG_ENV):
         return ""  # libpq reads the PG* variables itself
     from awa.embedded import embedded_database_url
