@@ -186,5 +186,5 @@ async def test_clients_refuse_a_url_that_is_not_postgres(monkeypatch: pytest.Mon
     with pytest.raises(awa.ValidationError, match="not a PostgreSQL URL"):
         await awa.AsyncClient("mysql://app@db/app").get_job(1)
     monkeypatch.setenv("DATABASE_URL", "redis://localhost")
-    with pytest.raises(awa.ValidationError, match="^DATABASE_URL: .*redis://"):
+    with pytest.raises(awa.ValidationError, match=r"^DATABASE_URL: .*redis://"):
         await awa.AsyncClient().get_job(1)

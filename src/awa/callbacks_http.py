@@ -1,5 +1,5 @@
 """An HTTP receiver for external callbacks: an ASGI app (Starlette) to mount in your web
-app, or to run on its own with ``awa callbacks serve``.
+app, or to run on its own with ``awa callback serve``.
 
 Endpoints (``POST``, JSON bodies, every field optional unless noted)::
 
