@@ -97,8 +97,9 @@ _reader: Any = None
 def metric_reader() -> Any:
     """The process's InMemoryMetricReader, installing an SDK MeterProvider on first use.
 
-    awa.metrics created its instruments at import through the API's global proxy; setting
-    the SDK provider afterwards must still route them (which is what this exercises).
+    awa.observability.metrics created its instruments at import through the API's global
+    proxy; setting the SDK provider afterwards must still route them (which is what this
+    exercises).
     """
     global _reader
     if _reader is None:

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 import awa
-from awa.callbacks_http import create_app
+from awa.callbacks.http import create_app
 from helpers_callbacks import insert_parked
 from helpers_worker import queue, row, start, wait_for, wait_for_state
 from jobs_helpers import Conn

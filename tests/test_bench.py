@@ -22,9 +22,9 @@ import pytest
 from click.testing import CliRunner, Result
 from psycopg import sql
 
-import awa.bench
-from awa.bench import SCRATCH_MARK
+import awa.cli.bench
 from awa.cli import main
+from awa.cli.bench import SCRATCH_MARK
 
 TINY = ["--jobs", "50", "--runs", "1", "--only", "copy", "--json"]
 
@@ -134,7 +134,7 @@ def test_reuses_a_scratch_database_of_its_own(server_url: str, database_name: st
     for the run and dropped at the end."""
     create_database(server_url, database_name, SCRATCH_MARK)
     seen: list[Any] = []
-    real_run_bench = awa.bench.run_bench
+    real_run_bench = awa.cli.bench.run_bench
 
     async def run_bench_and_look(url: str, **kwargs: Any) -> dict[str, dict[str, Any]]:
         with psycopg.connect(url) as conn:
@@ -143,7 +143,7 @@ def test_reuses_a_scratch_database_of_its_own(server_url: str, database_name: st
         return await real_run_bench(url, **kwargs)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(awa.bench, "run_bench", run_bench_and_look)
+        patch.setattr(awa.cli.bench, "run_bench", run_bench_and_look)
         result = bench(server_url, "--scratch-database", database_name, *TINY)
     assert result.exit_code == 0, result.output
     assert seen == [((None,), SCRATCH_MARK)]  # recreated: the old table is gone, marked again
@@ -164,7 +164,7 @@ def test_drops_its_database_when_a_run_fails_or_is_interrupted(
         raise interruption
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(awa.bench, "run_bench", failing_run)
+        patch.setattr(awa.cli.bench, "run_bench", failing_run)
         if isinstance(interruption, KeyboardInterrupt):
             result = bench(server_url, *TINY)
             assert result.exit_code == 1  # click reports "Aborted!"

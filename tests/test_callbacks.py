@@ -22,7 +22,7 @@ import psycopg
 import pytest
 
 import awa
-from awa.followups import FollowUpError
+from awa.lifecycle.followups import FollowUpError
 from helpers_callbacks import (
     QUEUE,
     Payment,

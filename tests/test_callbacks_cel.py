@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import awa
-from awa import cel
+from awa.callbacks import cel
 from helpers_callbacks import QUEUE, Payment, insert_parked, last_error, wait_parked
 from helpers_lifecycle import Recorder
 from helpers_worker import queue, row, second_client, start, wait_for_state

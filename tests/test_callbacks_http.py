@@ -1,4 +1,4 @@
-"""The HTTP callback receiver: ``awa.callbacks_http.create_app`` (through httpx's ASGI
+"""The HTTP callback receiver: ``awa.callbacks.http.create_app`` (through httpx's ASGI
 transport) and ``awa callback serve`` (a real server on a socket).
 
 Contract: POST /callbacks/{id}/complete|fail|retry|resume|resolve|heartbeat with JSON
@@ -31,7 +31,7 @@ from starlette.applications import Starlette
 from starlette.routing import Mount
 
 import awa
-from awa.callbacks_http import (
+from awa.callbacks.http import (
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
     SignatureError,

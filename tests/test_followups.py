@@ -985,11 +985,11 @@ async def test_per_job_completions_count_as_completed_by_the_runtime(
 
 
 def test_counters_route_to_a_meter_provider_set_after_import() -> None:
-    """awa.metrics creates its instruments at import, through the OpenTelemetry API's
+    """awa.observability.metrics creates its instruments at import, through the OpenTelemetry API's
     global proxy; an SDK provider installed afterwards still receives them (checked in a
     fresh interpreter, where nothing has installed a provider yet)."""
     program = (
-        "import awa.metrics as m\n"
+        "import awa.observability.metrics as m\n"
         "from opentelemetry import metrics\n"
         "from opentelemetry.sdk.metrics import MeterProvider\n"
         "from opentelemetry.sdk.metrics.export import InMemoryMetricReader\n"

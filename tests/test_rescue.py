@@ -21,7 +21,7 @@ import psycopg
 import pytest
 
 import awa
-from awa.events import RescueReason
+from awa.lifecycle.events import RescueReason
 from awa.worker import runtime as runtime_module
 from awa.worker.rescue import SWEEPS, rescue
 from helpers_lifecycle import Counters, Recorder, hooks_idle, jobs_of_kind, metric_reader

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 import awa
-from awa.followups import FollowUpRegistry
+from awa.lifecycle.followups import FollowUpRegistry
 from awa.testing import HandlerJob
 from awa.worker import results
 from awa.worker.finalizer import Finalizer

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 import awa
-from awa.log_format import JsonFormatter
+from awa.observability.log_format import JsonFormatter
 from helpers_worker import queue, start, wait_for, wait_for_state
 from jobs_helpers import Conn
 

@@ -5,8 +5,9 @@ Jobs are rows in Postgres, inserted inside your own transaction and run by async
 
 from awa import admin, bridge
 from awa.admin import QueueStats
+from awa.blocking_client import Client
 from awa.callbacks import ResolveResult
-from awa.client import AsyncClient, Client
+from awa.client import AsyncClient
 from awa.errors import (
     AwaError,
     CallbackNotFound,
@@ -18,7 +19,10 @@ from awa.errors import (
     UniqueConflict,
     ValidationError,
 )
-from awa.events import (
+from awa.insert import MAX_ARGS_BYTES, MAX_METADATA_BYTES, InsertKwargs
+from awa.job import Job
+from awa.kinds import derive_kind
+from awa.lifecycle.events import (
     Cancelled,
     Completed,
     Exhausted,
@@ -29,11 +33,13 @@ from awa.events import (
     Started,
     WaitingForCallback,
 )
-from awa.followups import FollowUpError
-from awa.health import HealthCheck
-from awa.insert import MAX_ARGS_BYTES, MAX_METADATA_BYTES, InsertKwargs
-from awa.job import Job
-from awa.kinds import derive_kind
+from awa.lifecycle.followups import FollowUpError
+from awa.lifecycle.staging import (
+    MAX_OUTPUT_BYTES,
+    MAX_STAGED_BYTES,
+    MAX_STAGED_FOLLOW_UPS,
+    StagedFollowUp,
+)
 from awa.model import (
     EnqueueRequest,
     InsertOpts,
@@ -41,12 +47,11 @@ from awa.model import (
     JobState,
     UniqueOpts,
 )
+from awa.observability.health import HealthCheck
 from awa.outcomes import CallbackToken, Cancel, RetryAfter, Snooze, WaitForCallback
-from awa.staging import MAX_OUTPUT_BYTES, MAX_STAGED_BYTES, MAX_STAGED_FOLLOW_UPS, StagedFollowUp
 from awa.transaction import SyncTransaction, Transaction
+from awa.version import __version__
 from awa.worker.config import QueueConfig, RetryPolicy, RuntimeConfig
-
-__version__ = "0.1.0"
 
 __all__ = [
     "MAX_ARGS_BYTES",

@@ -14,13 +14,13 @@ import struct
 import time
 import types
 from collections import Counter
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, NoReturn, TypedDict
 
 import blake3
 import orjson
 
-from awa.db import CopyStatement, Flow, Statement
+from awa.db import Flow, Statement
 from awa.errors import DatabaseError, UniqueConflict, ValidationError
 from awa.kinds import Encoder, args_encoder, dump_json, encode_args, kind_for
 from awa.model import (
@@ -438,48 +438,6 @@ def insert_skipping_duplicates_flow(jobs: Sequence[PreparedJob]) -> Flow[Skippin
     return result
 
 
-def copy_flow(
-    items: Iterable[Any], *, kind: str | None, opts: InsertOpts, rules: InsertRules = DEFAULT_RULES
-) -> Flow[list[JobRow]]:
-    """Bulk insert with COPY; run it inside a transaction.
-
-    Jobs are validated and formatted while the COPY streams, so Postgres writes rows while
-    Python prepares the next ones; a bad job aborts the COPY and the transaction (nothing is
-    inserted). Batches with unique jobs take the INSERT path, which reports duplicates.
-    """
-    if isinstance(items, Mapping | str | bytes):
-        raise ValidationError("insert_many_copy() takes a list of jobs")
-    batch = list(items)
-    preparer = BatchPreparer(kind, opts, rules)
-    if preparer.checked.unique is not None or any(
-        isinstance(item, EnqueueRequest) and item.resolve(opts).unique is not None for item in batch
-    ):
-        return (yield from insert_flow(preparer.prepare_all(batch)))
-    if not batch:
-        return []
-    reserved = yield Statement(query("copy_reserve_ids"), {"count": len(batch)}, _first)
-    now: dt.datetime = reserved["now"]
-    ids: list[int] = reserved["ids"]
-    stored: list[JobRow] = []
-
-    def rows() -> Iterator[tuple[str | None, ...]]:
-        # The returned rows are built here, one pass with the formatting, rather than after
-        # the COPY: no list of prepared jobs is kept alive (fewer objects for the garbage
-        # collector to walk).
-        row = CopyRowFormatter(now)
-        for index, item in enumerate(batch):
-            job = preparer.prepare(index, item)
-            job_id = ids[index]
-            run_at = job.run_at
-            due = run_at is None or run_at <= now
-            state = JobState.AVAILABLE if due else JobState.SCHEDULED
-            stored.append(stored_job(job, job_id, state, run_at or now, now))
-            yield row(job, job_id)
-
-    yield CopyStatement(query("copy_jobs"), rows())
-    return stored
-
-
 def needs_transaction(jobs: Sequence[PreparedJob]) -> bool:
     """Whether inserting these jobs takes more than one atomic statement."""
     return len(jobs) > INSERT_CHUNK or (
@@ -489,10 +447,6 @@ def needs_transaction(jobs: Sequence[PreparedJob]) -> bool:
 
 def _rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
-
-
-def _first(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    return rows[0]
 
 
 def _holders(rows: list[dict[str, Any]]) -> dict[bytes, int]:
@@ -545,58 +499,6 @@ def unique_conflict(
         job_id=holder,
         constraint=UNIQUE_INDEX,
     )
-
-
-def array_literal(items: Sequence[str]) -> str:
-    """A Postgres text[] literal (``{"a","b"}``), for COPY."""
-    if not items:
-        return "{}"
-    quoted = (item.replace("\\", "\\\\").replace('"', '\\"') for item in items)
-    return "{" + ",".join(f'"{item}"' for item in quoted) + "}"
-
-
-def interval_literal(value: dt.timedelta) -> str:
-    """An exact interval literal in seconds (``str(float)`` would give ``1e-06``, which
-    Postgres refuses, and lose microseconds on long durations)."""
-    micros = value // dt.timedelta(microseconds=1)
-    sign = "-" if micros < 0 else ""
-    seconds, fraction = divmod(abs(micros), 1_000_000)
-    return f"{sign}{seconds}.{fraction:06d} seconds"
-
-
-class CopyRowFormatter:
-    """Formats rows of the ``copy_jobs`` COPY as text (psycopg formats strings fastest; jobs
-    with unique keys never come here, they take the INSERT path)."""
-
-    def __init__(self, now: dt.datetime) -> None:
-        self._now = now
-        self._now_text = now.isoformat()
-        self._tags: dict[int, str] = {}  # batches share one tags list: render it once
-
-    def __call__(self, job: PreparedJob, job_id: int) -> tuple[str | None, ...]:
-        run_at = job.run_at
-        tags = self._tags.get(id(job.tags))
-        if tags is None:
-            tags = self._tags[id(job.tags)] = array_literal(job.tags)
-        return (
-            str(job_id),
-            job.kind,
-            job.queue,
-            job.args_json,
-            "available" if run_at is None or run_at <= self._now else "scheduled",
-            str(job.priority),
-            str(job.max_attempts),
-            self._now_text if run_at is None else run_at.isoformat(),
-            self._now_text,
-            job.metadata_json,
-            tags,
-            "\\x" + job.ordering_key.hex() if job.ordering_key is not None else None,
-            (
-                interval_literal(job.deadline_duration)
-                if job.deadline_duration is not None
-                else None
-            ),
-        )
 
 
 def stored_job(

@@ -7,19 +7,42 @@ import dataclasses
 import datetime as dt
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, Unpack
 
-from awa import staging
+from awa.db import Statement
 from awa.errors import CallbackWaitError, ValidationError
 from awa.insert import DEFAULT_RULES, InsertKwargs, InsertRules
+from awa.lifecycle import staging
 from awa.model import JobRow, JobState
 from awa.outcomes import CallbackToken
 
 if TYPE_CHECKING:
-    from awa.staging import AttemptBuffer, StagedFollowUp
-    from awa.worker.attempts import AttemptServices
+    from awa.lifecycle.staging import AttemptBuffer, StagedFollowUp
 
 A = TypeVar("A")
+R = TypeVar("R")
+
+
+class AttemptServices(Protocol):
+    """What a running Job needs from the runtime."""
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
+    @property
+    def insert_rules(self) -> InsertRules:
+        """The client's rules for follow-ups the handler stages (queues, size limits)."""
+        ...
+
+    async def flush_progress(self, job: Job[Any]) -> None: ...
+
+    async def execute(self, statement: Statement[R]) -> R:
+        """Run one statement on a pooled connection."""
+        ...
+
+    async def wait_signal(self, job_id: int, timeout: float) -> None:
+        """Sleep until the job's callback is resumed or it is cancelled (or ``timeout``)."""
+        ...
 
 
 CALLBACK_RESULT_KEY = "_awa_callback_result"

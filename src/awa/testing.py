@@ -26,14 +26,16 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, Unpack
 
 from psycopg.rows import tuple_row
 
-from awa import admin, callbacks, cel
+from awa import admin, callbacks
+from awa.callbacks import cel
 from awa.db import Statement, run_async, translate_errors
 from awa.errors import CallbackWaitError, ValidationError
-from awa.events import JobEvent, Started
-from awa.followups import FollowUpError
 from awa.insert import DEFAULT_RULES, InsertKwargs, InsertRules
 from awa.job import CALLBACK_RESULT_KEY, Job
 from awa.kinds import args_to_json_value, derive_kind
+from awa.lifecycle.events import JobEvent, Started
+from awa.lifecycle.followups import FollowUpError
+from awa.lifecycle.hooks import is_async_callable
 from awa.model import JobRow, JobState, check_name
 from awa.outcomes import CallbackToken
 from awa.sql import query
@@ -48,7 +50,7 @@ from awa.worker.finalizer import (
     commit_or_record_failure,
 )
 from awa.worker.maintenance import promotion_duty
-from awa.worker.registry import Task, is_async_callable
+from awa.worker.registry import Task
 
 if TYPE_CHECKING:
     from awa.client import AsyncClient

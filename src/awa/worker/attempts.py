@@ -2,36 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
-from awa.db import Statement
-from awa.insert import InsertRules
 from awa.job import Job
-
-R = TypeVar("R")
-
-
-class AttemptServices(Protocol):
-    """What a running Job needs from the runtime."""
-
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop: ...
-
-    @property
-    def insert_rules(self) -> InsertRules:
-        """The client's rules for follow-ups the handler stages (queues, size limits)."""
-        ...
-
-    async def flush_progress(self, job: Job[Any]) -> None: ...
-
-    async def execute(self, statement: Statement[R]) -> R:
-        """Run one statement on a pooled connection."""
-        ...
-
-    async def wait_signal(self, job_id: int, timeout: float) -> None:
-        """Sleep until the job's callback is resumed or it is cancelled (or ``timeout``)."""
-        ...
 
 
 class InFlight:

@@ -21,9 +21,9 @@ import psycopg
 from awa.db import Statement, run_async
 from awa.errors import DatabaseError
 from awa.job import Job
+from awa.lifecycle.staging import output_json
 from awa.model import JobRow
 from awa.sql import query
-from awa.staging import output_json
 from awa.worker.config import RetryPolicy
 from awa.worker.outage import FailureLog, one_line
 from awa.worker.results import (

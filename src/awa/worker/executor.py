@@ -9,10 +9,11 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
-from awa import metrics, staging
 from awa.errors import TerminalError
 from awa.job import Job
 from awa.kinds import decode_args
+from awa.lifecycle import staging
+from awa.observability import metrics
 from awa.outcomes import OUTCOME_TYPES, Cancel, RetryAfter, Snooze, WaitForCallback
 from awa.worker.registry import Task
 from awa.worker.results import (

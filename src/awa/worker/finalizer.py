@@ -20,11 +20,19 @@ from typing import Any
 
 import psycopg
 
-from awa import metrics
 from awa.db import Flow, Statement, drive_async, run_async
 from awa.errors import DatabaseError, SchemaNotMigrated, UniqueConflict
-from awa.events import Cancelled, Completed, Exhausted, JobEvent, Retried, WaitingForCallback
-from awa.followups import (
+from awa.insert import SkippingInsert
+from awa.job import Job
+from awa.lifecycle.events import (
+    Cancelled,
+    Completed,
+    Exhausted,
+    JobEvent,
+    Retried,
+    WaitingForCallback,
+)
+from awa.lifecycle.followups import (
     FollowUpError,
     FollowUpRegistry,
     Trigger,
@@ -32,9 +40,8 @@ from awa.followups import (
     follow_up_flow,
     insert_follow_ups,
 )
-from awa.insert import SkippingInsert
-from awa.job import Job
 from awa.model import JobRow, JobState
+from awa.observability import metrics
 from awa.sql import query
 from awa.worker import results
 from awa.worker.completer import outcome_statement, progress_param

@@ -19,6 +19,7 @@ import psycopg
 
 from awa.db import Statement
 from awa.sql import query
+from awa.version import __version__
 from awa.worker.config import QueueConfig
 
 
@@ -33,8 +34,6 @@ class Presence:
         stale_after: float,
         is_leader: Callable[[], bool],
     ) -> None:
-        from awa import __version__
-
         self.id = uuid.uuid4()
         self._is_leader = is_leader
         self._row: dict[str, Any] = {

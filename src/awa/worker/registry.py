@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from awa.errors import ValidationError
 from awa.kinds import derive_kind
+from awa.lifecycle.hooks import is_async_callable
 from awa.model import check_name
 
 
@@ -21,13 +21,6 @@ class Task:
     handler: Callable[..., Any]
     queue: str
     is_async: bool
-
-
-def is_async_callable(handler: Callable[..., Any]) -> bool:
-    if inspect.iscoroutinefunction(handler):
-        return True
-    call = getattr(handler, "__call__", None)  # noqa: B004 - an object with async __call__
-    return call is not None and inspect.iscoroutinefunction(call)
 
 
 class TaskRegistry:

@@ -19,9 +19,9 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from awa import metrics
-from awa.events import RescueReason
+from awa.lifecycle.events import RescueReason
 from awa.model import JobRow
+from awa.observability import metrics
 from awa.sql import query
 from awa.worker.maintenance import Duty
 

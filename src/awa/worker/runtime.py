@@ -8,26 +8,30 @@ import contextlib
 import datetime as dt
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Protocol, TypeVar, cast
 
+import psycopg
 from psycopg.rows import tuple_row
 
-from awa import events, metrics
 from awa.db import Statement, run_async, translate_errors
 from awa.errors import AwaError, DatabaseError
-from awa.events import RescueReason, Started
-from awa.followups import (
+from awa.insert import InsertRules
+from awa.job import Job
+from awa.kinds import decoder_for
+from awa.lifecycle import events
+from awa.lifecycle.events import RescueReason, Started
+from awa.lifecycle.followups import (
     FollowUpError,
     FollowUpRegistry,
     Trigger,
     TriggerContext,
     insert_follow_ups,
 )
-from awa.hooks import HookDispatcher
-from awa.insert import InsertRules
-from awa.job import Job
-from awa.kinds import decoder_for
+from awa.lifecycle.hooks import HookDispatcher
 from awa.model import JobRow, JobState
+from awa.observability import metrics
+from awa.observability.health import RuntimeHealth
 from awa.sql import query
 from awa.worker import results
 from awa.worker.attempts import InFlight
@@ -57,8 +61,18 @@ from awa.worker.registry import TaskRegistry
 from awa.worker.rescue import SWEEPS, Rescue, rescue_duty, retention_duty
 from awa.worker.results import Outcome
 
-if TYPE_CHECKING:
-    from awa.client import AsyncClient
+
+class RuntimeHost(Protocol):
+    """What a runtime needs from the client that starts it (``AsyncClient``): its pooled
+    connections, its database URL (for the runtime's own connections) and its name."""
+
+    @property
+    def application_name(self) -> str: ...
+
+    async def database_url(self) -> str: ...
+
+    def connection(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]: ...
+
 
 log = logging.getLogger("awa.worker")
 R = TypeVar("R")
@@ -74,7 +88,7 @@ RESCUE_FOLLOW_UP_TIMEOUT = 30.0
 class Runtime:
     def __init__(
         self,
-        client: AsyncClient,
+        host: RuntimeHost,
         registry: TaskRegistry,
         queues: list[QueueConfig],
         config: RuntimeConfig,
@@ -82,7 +96,7 @@ class Runtime:
         hooks: HookDispatcher,
         follow_ups: FollowUpRegistry,
     ) -> None:
-        self._client = client
+        self._host = host
         self._hooks = hooks
         self._finalizer = Finalizer(follow_ups)
         self._follow_ups = follow_ups
@@ -111,7 +125,7 @@ class Runtime:
             for queue in queues
         }
         self._completer = CompletionBatcher(
-            client.connection,
+            host.connection,
             batch_size=config.completion_batch_size,
             linger=config.completion_linger,
             on_done=self._completions_done,
@@ -122,7 +136,7 @@ class Runtime:
         self._presence: Presence | None = None
         self._rescue_tasks: set[asyncio.Task[None]] = set()
         self._save_failures = FailureLog(log, "saving outcomes")
-        self._application_name = client.application_name
+        self._application_name = host.application_name
         self.completed = 0
         """Completions committed by this runtime (for progress displays and benchmarks)."""
 
@@ -147,11 +161,11 @@ class Runtime:
             {"id": job.id, "lease": job.run_lease, "progress": progress},
             lambda rows: None,
         )
-        async with self._client.connection() as conn:
+        async with self._host.connection() as conn:
             await run_async(conn, statement)
 
     async def execute(self, statement: Statement[R]) -> R:
-        async with self._client.connection() as conn:
+        async with self._host.connection() as conn:
             return await run_async(conn, statement)
 
     async def wait_signal(self, job_id: int, timeout: float) -> None:
@@ -184,7 +198,7 @@ class Runtime:
         return self._maintenance is not None and self._maintenance.is_leader
 
     async def start(self) -> None:
-        url = await self._client.database_url()
+        url = await self._host.database_url()
         quiet_pool_reconnect_errors("awa")
         self._build_decoders()
         self._completer.start()
@@ -291,7 +305,7 @@ class Runtime:
                 context = TriggerContext(Trigger.RESCUED, reason=item.reason)
                 try:
                     async with asyncio.timeout(RESCUE_FOLLOW_UP_TIMEOUT):
-                        async with self._client.connection() as conn, conn.transaction():
+                        async with self._host.connection() as conn, conn.transaction():
                             await insert_follow_ups(
                                 conn, specs, row, context, self._follow_ups.insert_rules
                             )
@@ -364,7 +378,7 @@ class Runtime:
             lambda rows: None,
         )
         try:
-            async with self._client.connection() as conn:
+            async with self._host.connection() as conn:
                 await run_async(conn, statement)
         except DatabaseError as error:
             log.warning("could not release %d unstarted jobs (%s)", len(jobs), error)
@@ -418,7 +432,7 @@ class Runtime:
         }
         with translate_errors():
             async with (
-                self._client.connection() as conn,
+                self._host.connection() as conn,
                 conn.cursor(row_factory=tuple_row, binary=True) as cursor,
             ):
                 await cursor.execute(query("claim_jobs"), params)
@@ -513,7 +527,7 @@ class Runtime:
         delay = 0.05
         while True:
             try:
-                async with self._client.connection() as conn:
+                async with self._host.connection() as conn:
                     committed = await self._finalizer.commit(
                         conn, job, outcome, queue.retry, follow_ups=follow_ups
                     )
@@ -549,6 +563,16 @@ class Runtime:
                 )
         self.completed += len(completed)
         metrics.count_by_kind(metrics.completed, completed)
+
+    def health(self) -> RuntimeHealth:
+        """This runtime's part of a health check."""
+        return RuntimeHealth(
+            is_leader=self.is_leader,
+            listener_connected=self.listener_connected,
+            heartbeat_alive=self.heartbeat_alive,
+            in_flight=len(self.inflight),
+            queues=self.stats(),
+        )
 
     def stats(self) -> dict[str, dict[str, int]]:
         return {

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from awa.errors import ValidationError
-from awa.log_format import LogFormat
+from awa.observability.log_format import LogFormat
 from awa.worker.config import QueueConfig, RetryPolicy, RuntimeConfig
 
 RUNTIME_HELP: dict[str, str] = {

@@ -13,16 +13,12 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import uuid
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
-from awa import admin
-from awa.admin import QueueStats
 from awa.db import Flow, Statement
 from awa.migrations import schema_version_flow
+from awa.observability.queue_stats import QueueStats, decode_queue_stats
 from awa.sql import current_version, query
-
-if TYPE_CHECKING:
-    from awa.worker.runtime import Runtime
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -61,6 +57,10 @@ class UnservedQueue:
 
 
 Status = Literal["healthy", "degraded", "unhealthy", "unreachable"]
+
+HEALTH_CHECK_TIMEOUT = 5.0
+"""Seconds a health check waits for a pooled connection before reporting the database
+unreachable (while the database is down the pool would otherwise hold it for 30 s)."""
 
 DEFAULT_UNSERVED_AFTER = 60.0
 """Seconds the oldest available job of a queue no worker runs may wait before the queue is
@@ -104,18 +104,6 @@ def _leader(rows: list[dict[str, Any]]) -> LeaderInfo | None:
     return LeaderInfo(row["pid"], row["application_name"], row["client_addr"], row["backend_start"])
 
 
-def runtime_health(runtime: Runtime | None) -> RuntimeHealth | None:
-    if runtime is None:
-        return None
-    return RuntimeHealth(
-        is_leader=runtime.is_leader,
-        listener_connected=runtime.listener_connected,
-        heartbeat_alive=runtime.heartbeat_alive,
-        in_flight=len(runtime.inflight),
-        queues=runtime.stats(),
-    )
-
-
 def _workers(rows: list[dict[str, Any]]) -> list[WorkerInfo]:
     return [WorkerInfo(**row) for row in rows]
 
@@ -149,7 +137,7 @@ def health_flow(
         problems.append(f"schema version is {version}, this package expects {expected}")
         return _unhealthy(True, version, runtime, problems)
     leader = yield Statement(query("leader_holder"), None, _leader)
-    queues: list[QueueStats] = yield Statement(query("queue_stats"), None, admin.decode_queue_stats)
+    queues: list[QueueStats] = yield Statement(query("queue_stats"), None, decode_queue_stats)
     workers: list[WorkerInfo] = yield Statement(query("runtimes_live"), None, _workers)
     if leader is None:
         problems.append("no runtime holds the maintenance lock (no worker running?)")

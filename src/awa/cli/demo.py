@@ -19,7 +19,7 @@ import click
 from rich.console import Console
 
 import awa
-from awa.cli import database_url_from_context, main, print_table
+from awa.cli.group import database_url_from_context, main, print_table
 from awa.sql import query
 
 SIGNUP_QUEUE = "demo-signups"

@@ -36,9 +36,9 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from awa.callbacks import ResolveResult
-from awa.client import AsyncClient
+from awa.callbacks.resolution import CallbackResolution
 from awa.errors import CallbackNotFound, DatabaseError, ValidationError
-from awa.followups import FollowUpError
+from awa.lifecycle.followups import FollowUpError
 from awa.model import JobRow
 
 __all__ = [
@@ -162,29 +162,29 @@ _FIELDS: dict[str, frozenset[str]] = {
     "heartbeat": frozenset({"timeout_seconds"}),
 }
 
-Action = Callable[[AsyncClient, str, dict[str, Any]], Awaitable[dict[str, Any]]]
+Action = Callable[[CallbackResolution, str, dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
-async def _complete(client: AsyncClient, cb: str, body: dict[str, Any]) -> dict[str, Any]:
+async def _complete(client: CallbackResolution, cb: str, body: dict[str, Any]) -> dict[str, Any]:
     return _job_json(await client.complete_external(cb, body.get("payload"), body.get("run_lease")))
 
 
-async def _fail(client: AsyncClient, cb: str, body: dict[str, Any]) -> dict[str, Any]:
+async def _fail(client: CallbackResolution, cb: str, body: dict[str, Any]) -> dict[str, Any]:
     error = body.get("error")
     if not isinstance(error, str) or not error:
         raise ValidationError('fail needs "error": a non-empty string')
     return _job_json(await client.fail_external(cb, error, body.get("run_lease")))
 
 
-async def _retry(client: AsyncClient, cb: str, body: dict[str, Any]) -> dict[str, Any]:
+async def _retry(client: CallbackResolution, cb: str, body: dict[str, Any]) -> dict[str, Any]:
     return _job_json(await client.retry_external(cb, body.get("run_lease")))
 
 
-async def _resume(client: AsyncClient, cb: str, body: dict[str, Any]) -> dict[str, Any]:
+async def _resume(client: CallbackResolution, cb: str, body: dict[str, Any]) -> dict[str, Any]:
     return _job_json(await client.resume_external(cb, body.get("payload"), body.get("run_lease")))
 
 
-async def _resolve(client: AsyncClient, cb: str, body: dict[str, Any]) -> dict[str, Any]:
+async def _resolve(client: CallbackResolution, cb: str, body: dict[str, Any]) -> dict[str, Any]:
     result: ResolveResult = await client.resolve_callback(
         cb, body.get("payload"), body.get("default_action", "ignore"), body.get("run_lease")
     )
@@ -196,7 +196,7 @@ async def _resolve(client: AsyncClient, cb: str, body: dict[str, Any]) -> dict[s
     return answer
 
 
-async def _heartbeat(client: AsyncClient, cb: str, body: dict[str, Any]) -> dict[str, Any]:
+async def _heartbeat(client: CallbackResolution, cb: str, body: dict[str, Any]) -> dict[str, Any]:
     timeout = body.get("timeout_seconds", 3600.0)
     return _job_json(await client.heartbeat_callback(cb, timeout))
 
@@ -249,7 +249,7 @@ def _parse_body(raw: bytes, action: str) -> dict[str, Any]:
 
 
 def create_app(
-    client: AsyncClient,
+    client: CallbackResolution,
     *,
     secret: Secret | None = None,
     allow_unsigned: bool = False,

@@ -17,9 +17,9 @@ import psycopg
 
 from awa import callbacks
 from awa.db import Flow, drive_async
-from awa.events import Completed, Exhausted, JobEvent, Retried
-from awa.followups import FollowUpRegistry, Trigger, TriggerContext, insert_follow_ups
-from awa.hooks import HookDispatcher
+from awa.lifecycle.events import Completed, Exhausted, JobEvent, Retried
+from awa.lifecycle.followups import FollowUpRegistry, Trigger, TriggerContext, insert_follow_ups
+from awa.lifecycle.hooks import HookDispatcher
 from awa.model import JobRow
 from awa.outcomes import CallbackToken
 

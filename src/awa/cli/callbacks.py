@@ -17,11 +17,12 @@ import click
 
 import awa
 from awa.callbacks import DEFAULT_TIMEOUT, DefaultAction, ResolveResult
-from awa.cli import (
+from awa.cli.group import (
     CliError,
     database_url_from_context,
     format_time,
     json_option,
+    load_client,
     main,
     pass_client,
     print_json,
@@ -270,12 +271,10 @@ def serve(
         raise click.UsageError("give --secret (or AWA_CALLBACK_SECRET), or --allow-unsigned")
     import uvicorn
 
-    from awa.callbacks_http import create_app
+    from awa.callbacks.http import create_app
 
     url = database_url_from_context(ctx)
     if target is not None:
-        from awa.worker.command import load_client
-
         if url:
             os.environ["DATABASE_URL"] = url  # a client built without a URL reads it
         client = load_client(target)

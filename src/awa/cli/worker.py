@@ -9,20 +9,17 @@ TOML file (``awa.worker.settings``).
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import os
 import signal
-import sys
-import traceback
 from pathlib import Path
 from typing import Any
 
 import click
 
 import awa
-from awa.cli import CliError, database_url_from_context, main
-from awa.log_format import configure as configure_logging
+from awa.cli.group import CliError, database_url_from_context, load_client, main
+from awa.observability.log_format import configure as configure_logging
 from awa.worker import settings as worker_settings
 from awa.worker.config import RuntimeConfig
 from awa.worker.settings import RUNTIME_HELP, RUNTIME_KEYS, runtime_envvar, runtime_flag
@@ -30,58 +27,6 @@ from awa.worker.settings import RUNTIME_HELP, RUNTIME_KEYS, runtime_envvar, runt
 log = logging.getLogger("awa.worker")
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-
-
-def load_client(target: str) -> awa.AsyncClient:
-    """Import ``module:attribute`` (the attribute an AsyncClient, or a function returning
-    one) with the current directory on the import path. Any failure is one CliError line."""
-    module_name, _, attribute = target.partition(":")
-    if not module_name or not attribute:
-        raise CliError(f"expected module:attribute (e.g. myapp.jobs:client), got {target!r}")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as error:
-        if error.name is not None and module_name.startswith(error.name):
-            raise CliError(
-                f"cannot import {module_name!r}: no module named {error.name!r} "
-                f"(run from the directory that holds it, or add it to PYTHONPATH)"
-            ) from None
-        raise CliError(f"importing {module_name!r} failed: {_describe(error)}") from None
-    except SyntaxError as error:
-        where = f"{error.filename}, line {error.lineno}" if error.filename else "unknown place"
-        raise CliError(
-            f"cannot import {module_name!r}: syntax error in {where}: {error.msg}"
-        ) from None
-    except Exception as error:
-        raise CliError(f"importing {module_name!r} failed: {_describe(error)}") from None
-    if not hasattr(module, attribute):
-        raise CliError(f"module {module_name!r} has no attribute {attribute!r}")
-    value: Any = getattr(module, attribute)
-    if callable(value) and not isinstance(value, awa.AsyncClient | awa.Client | type):
-        try:
-            value = value()
-        except Exception as error:
-            raise CliError(f"calling {target} failed: {_describe(error)}") from None
-    if isinstance(value, awa.Client):
-        raise CliError(
-            f"{target} is an awa.Client (blocking, producer and admin only); the worker needs "
-            "an awa.AsyncClient"
-        )
-    if not isinstance(value, awa.AsyncClient):
-        raise CliError(f"{target} is a {type(value).__name__}, not an awa.AsyncClient")
-    return value
-
-
-def _describe(error: BaseException) -> str:
-    """``Type: message (file:line)`` of the innermost frame, on one line."""
-    frames = traceback.extract_tb(error.__traceback__)
-    where = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
-    message = " ".join(str(error).split())
-    return (
-        f"{type(error).__name__}: {message}{where}" if message else f"{type(error).__name__}{where}"
-    )
 
 
 async def serve(

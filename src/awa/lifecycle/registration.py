@@ -14,8 +14,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
 from awa.errors import AwaError
-from awa.followups import FollowUpRegistry, FollowUpSpec, Trigger
-from awa.hooks import HookRegistry, kind_of
+from awa.lifecycle.followups import FollowUpRegistry, FollowUpSpec, Trigger
+from awa.lifecycle.hooks import HookRegistry, kind_of
 
 F = TypeVar("F", bound=Callable[..., Any])
 

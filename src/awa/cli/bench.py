@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 import awa
-from awa.cli import database_url_from_context, json_option, main, print_json, print_table
+from awa.cli.group import database_url_from_context, json_option, main, print_json, print_table
 from awa.db import connection_kwargs, redact, resolve_database_url
 from awa.errors import ValidationError
 from awa.sql import query

@@ -9,18 +9,19 @@ from typing import Any
 import click
 
 import awa
-from awa.cli import (
+from awa.cli.group import (
     database_url_from_context,
     format_age,
     format_time,
     json_option,
+    lag_seconds,
     main,
     print_json,
     print_table,
     to_jsonable,
 )
-from awa.health import DEFAULT_UNSERVED_AFTER, HealthCheck
 from awa.model import JobState
+from awa.observability.health import DEFAULT_UNSERVED_AFTER, HealthCheck
 
 EXIT_CODES = {"healthy": 0, "unhealthy": 1, "degraded": 2, "unreachable": 3}
 
@@ -31,13 +32,8 @@ def health_json(check: HealthCheck) -> dict[str, Any]:
     """The health check as JSON types (``to_jsonable`` plus each queue's lag)."""
     data: dict[str, Any] = to_jsonable(check)
     for entry, stats in zip(data["queues"], check.queues, strict=True):
-        entry["lag_seconds"] = _lag(stats)
+        entry["lag_seconds"] = lag_seconds(stats)
     return data
-
-
-def _lag(stats: awa.QueueStats) -> float | None:
-    """How long the oldest available job has waited (None: nothing available)."""
-    return stats.oldest_available_age if stats.oldest_available_at is not None else None
 
 
 def _print_text(check: HealthCheck) -> None:
@@ -83,7 +79,7 @@ def _print_text(check: HealthCheck) -> None:
         [
             stats.queue,
             *(stats.count(state) for state in _COUNTED),
-            format_age(_lag(stats)),
+            format_age(lag_seconds(stats)),
             format_time(stats.oldest_available_at),
             "yes" if stats.paused else "no",
             "UNSERVED" if stats.queue in unserved else "yes" if stats.queue in served else "no",

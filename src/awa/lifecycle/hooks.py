@@ -14,20 +14,27 @@ import asyncio
 import collections
 import contextvars
 import dataclasses
+import inspect
 import logging
 import os
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from awa.events import JobEvent
 from awa.kinds import decode_args, derive_kind
+from awa.lifecycle.events import JobEvent
 from awa.model import check_name
-from awa.worker.registry import is_async_callable
 
 log = logging.getLogger("awa.hooks")
 
 Hook = Callable[[Any], Awaitable[None] | None]
+
+
+def is_async_callable(handler: Callable[..., Any]) -> bool:
+    if inspect.iscoroutinefunction(handler):
+        return True
+    call = getattr(handler, "__call__", None)  # noqa: B004 - an object with async __call__
+    return call is not None and inspect.iscoroutinefunction(call)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

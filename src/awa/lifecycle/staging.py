@@ -17,19 +17,16 @@ import dataclasses
 import datetime as dt
 import threading
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import orjson
 import pydantic
 import pydantic_core
 
 from awa.errors import StagingError, ValidationError
-from awa.insert import PreparedJob, prepare_job, split_kwargs
+from awa.insert import InsertRules, PreparedJob, prepare_job, split_kwargs
 from awa.kinds import dump_json
 from awa.model import InsertOpts
-
-if TYPE_CHECKING:
-    from awa.job import Job
 
 MAX_STAGED_FOLLOW_UPS = 16
 """Follow-ups one attempt may stage."""
@@ -127,6 +124,17 @@ class AttemptBuffer:
         return [item.prepared for item in self.staged]
 
 
+class StagingJob(Protocol):
+    """What staging needs of an ``awa.Job``: its id, its buffer, whether the handler has
+    returned, and the client's insert rules."""
+
+    id: int
+    _extras: AttemptBuffer | None
+    _sealed: bool
+
+    def _insert_rules(self) -> InsertRules: ...
+
+
 def staged_size(job: PreparedJob) -> int:
     size = len(job.kind.encode()) + len(job.queue.encode())
     size += len(job.args_json.encode()) + len(job.metadata_json.encode())
@@ -134,7 +142,7 @@ def staged_size(job: PreparedJob) -> int:
     return size + (len(job.ordering_key) if job.ordering_key is not None else 0)
 
 
-def _buffer(job: Job[Any]) -> AttemptBuffer:
+def _buffer(job: StagingJob) -> AttemptBuffer:
     """The job's buffer, created under the lock; raises StagingError once sealed.
 
     The buffer is attached before ``_sealed`` is read: the runtime sets ``_sealed`` before
@@ -149,7 +157,7 @@ def _buffer(job: Job[Any]) -> AttemptBuffer:
         return buffer
 
 
-def _sealed_error(job: Job[Any]) -> StagingError:
+def _sealed_error(job: StagingJob) -> StagingError:
     return StagingError(
         f"job {job.id}: the stage is sealed: its handler already returned, so nothing can "
         "be staged or recorded for this attempt any more (await the task that does it "
@@ -164,7 +172,7 @@ def _fail(buffer: AttemptBuffer, message: str) -> StagingError:
     return StagingError(message)
 
 
-def stage(job: Job[Any], args: Any, kwargs: Mapping[str, Any]) -> StagedFollowUp:
+def stage(job: StagingJob, args: Any, kwargs: Mapping[str, Any]) -> StagedFollowUp:
     """Validate a follow-up and add it to the job's buffer (``enqueue_on_completion``)."""
     buffer = _buffer(job)
     try:
@@ -197,7 +205,7 @@ def stage(job: Job[Any], args: Any, kwargs: Mapping[str, Any]) -> StagedFollowUp
     raise StagingError(failure)
 
 
-def record_output(job: Job[Any], value: Any) -> None:
+def record_output(job: StagingJob, value: Any) -> None:
     """Keep ``value`` (JSON) as the output the job's completion stores; None clears it."""
     buffer = _buffer(job)
     if value is None:
@@ -223,7 +231,7 @@ def record_output(job: Job[Any], value: Any) -> None:
         buffer.output_json = text
 
 
-def freeze(job: Job[Any]) -> AttemptBuffer | None:
+def freeze(job: StagingJob) -> AttemptBuffer | None:
     """Seal staging and return the buffer (None: nothing was staged or recorded).
 
     Called once the handler has returned; appends still in progress on other threads finish
@@ -236,7 +244,7 @@ def freeze(job: Job[Any]) -> AttemptBuffer | None:
         return buffer
 
 
-def output_json(job: Job[Any]) -> str | None:
+def output_json(job: StagingJob) -> str | None:
     """The output a completion of ``job`` stores, as JSON text (None: no output)."""
     buffer = job._extras
     return buffer.output_json if buffer is not None else None

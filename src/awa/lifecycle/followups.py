@@ -21,10 +21,8 @@ from typing import Any
 
 import psycopg
 
-from awa import metrics
 from awa.db import Flow, drive_async
 from awa.errors import AwaError
-from awa.events import RescueReason
 from awa.insert import (
     DEFAULT_RULES,
     InsertRules,
@@ -34,7 +32,9 @@ from awa.insert import (
     prepare_job,
 )
 from awa.kinds import decode_args
+from awa.lifecycle.events import RescueReason
 from awa.model import EnqueueRequest, InsertOpts, JobRow, check_name
+from awa.observability import metrics
 
 log = logging.getLogger("awa.followups")
 

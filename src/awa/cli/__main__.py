@@ -1,0 +1,5 @@
+"""``python -m awa.cli``: the ``awa`` command."""
+
+from awa.cli import main
+
+main()

@@ -1,0 +1,275 @@
+"""``awa job``: list, show, cancel and retry jobs."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+import click
+
+import awa
+from awa.cli.group import (
+    CliUsageError,
+    client_from_context,
+    fail,
+    format_age,
+    format_time,
+    json_option,
+    main,
+    pass_client,
+    print_json,
+    print_table,
+    to_jsonable,
+)
+from awa.model import JobRow, JobState
+
+
+@main.group()
+def job() -> None:
+    """Inspect, cancel and retry jobs.
+
+    These commands change rows only: no lifecycle hooks or follow-up jobs fire.
+    """
+
+
+class JobId(click.ParamType[int]):
+    """A job id: a positive integer, else one ``error:`` line (exit code 2).
+
+    Commands taking one set ``ignore_unknown_options`` so that ``-5`` reaches this type
+    instead of being reported as an unknown option; a token that is neither a number nor a
+    known option is reported here as an unknown option.
+    """
+
+    name = "id"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+        text = str(value).strip()
+        if text.startswith("-") and not text[1:].isdigit():
+            raise CliUsageError(f"no such option: {text}")
+        digits = text.removeprefix("+")
+        if digits.isascii() and digits.isdigit() and int(digits) > 0:
+            return int(digits)
+        raise CliUsageError(f"job id must be a positive integer, not {text or repr(text)}")
+
+
+JOB_ID = JobId()
+_TAKES_JOB_ID = {"ignore_unknown_options": True}  # see JobId
+
+
+_STATE_CHOICE = click.Choice([state.value for state in JobState], case_sensitive=False)
+_STATE_NAMES = ", ".join(state.value for state in JobState)
+
+
+@job.command("list")
+@click.option(
+    "--state", type=_STATE_CHOICE, metavar="STATE", help=f"Only jobs in this state: {_STATE_NAMES}."
+)
+@click.option("--kind", help="Only jobs of this kind.")
+@click.option("--queue", help="Only jobs in this queue.")
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=50,
+    show_default=True,
+    metavar="N",
+    help="Show at most N jobs.",
+)
+@json_option
+@pass_client
+def list_jobs(
+    client: awa.Client,
+    state: str | None,
+    kind: str | None,
+    queue: str | None,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """List jobs, newest first."""
+    jobs = client.list_jobs(state=state, kind=kind, queue=queue, limit=limit)
+    if as_json:
+        print_json(jobs)
+        return
+    if not jobs:
+        click.echo("no jobs found")
+        return
+    headers = ["ID", "KIND", "QUEUE", "STATE", "ATTEMPT/MAX", "PRIORITY", "RUN_AT"]
+    print_table(headers, [_job_cells(row) for row in jobs])
+    if len(jobs) == limit:
+        click.echo(f"(showing the newest {limit}; raise --limit to see more)", err=True)
+
+
+def _job_cells(row: JobRow) -> list[object]:
+    attempts, run_at = f"{row.attempt}/{row.max_attempts}", format_time(row.run_at)
+    return [row.id, row.kind, row.queue, row.state.value, attempts, row.priority, run_at]
+
+
+def _json_block(value: Any) -> str:
+    text = json.dumps(to_jsonable(value), indent=2, ensure_ascii=False, default=str)
+    return text.replace("\n", "\n  ")
+
+
+def _error_time(value: object) -> str:
+    try:
+        return format_time(dt.datetime.fromisoformat(str(value)))
+    except ValueError:
+        return str(value)
+
+
+def _describe(row: JobRow) -> None:
+    now = dt.datetime.now(dt.UTC)
+
+    def when(value: dt.datetime | None) -> str:
+        if value is None:
+            return "-"
+        delta = (value - now).total_seconds()
+        relative = f"in {format_age(delta)}" if delta > 0 else f"{format_age(-delta)} ago"
+        return f"{format_time(value)} ({relative})"
+
+    deadline = "-"
+    if row.deadline_duration is not None:
+        deadline = format_age(row.deadline_duration.total_seconds())
+    fields: list[tuple[str, object]] = [
+        ("id", row.id),
+        ("kind", row.kind),
+        ("queue", row.queue),
+        ("state", row.state.value),
+        ("attempt", f"{row.attempt}/{row.max_attempts}"),
+        ("priority", row.priority),
+        ("run lease", row.run_lease),
+        ("tags", ", ".join(row.tags) or "-"),
+        ("created at", when(row.created_at)),
+        ("run at", when(row.run_at)),
+        ("attempted at", when(row.attempted_at)),
+        ("heartbeat at", when(row.heartbeat_at)),
+        ("deadline at", when(row.deadline_at)),
+        ("finalized at", when(row.finalized_at)),
+        ("deadline", deadline),
+        ("unique key", to_jsonable(row.unique_key)),
+        ("unique states", row.unique_states),
+        ("ordering key", to_jsonable(row.ordering_key)),
+    ]
+    if row.callback_id is not None:
+        fields += [
+            ("callback id", row.callback_id),
+            ("callback timeout", when(row.callback_timeout_at)),
+        ]
+        for name in ("filter", "on_complete", "on_fail", "transform"):
+            value = getattr(row, f"callback_{name}")
+            if value is not None:
+                fields.append((f"callback {name}", value))
+    for label, value in fields:
+        click.echo(f"{label:<17}{'-' if value is None else value}")
+    for label, data in (("args", row.args), ("metadata", row.metadata)):
+        click.echo(f"{label}:\n  {_json_block(data)}")
+    if row.progress is not None:
+        click.echo(f"progress:\n  {_json_block(row.progress)}")
+    if row.output is not None:
+        click.echo(f"output:\n  {_json_block(row.output)}")
+    click.echo(f"errors ({len(row.errors)}):" if row.errors else "errors: none")
+    for entry in row.errors:
+        if isinstance(entry, dict) and "error" in entry:
+            stamp = _error_time(entry.get("at"))
+            terminal = " (terminal)" if entry.get("terminal") else ""
+            message = str(entry["error"]).replace("\n", "\n      ")
+            click.echo(f"  attempt {entry.get('attempt', '?')} at {stamp}{terminal}:")
+            click.echo(f"      {message}")
+        else:
+            click.echo(f"  {_json_block(entry)}")
+
+
+@job.command("get", context_settings=_TAKES_JOB_ID)
+@click.argument("job_id", metavar="ID", type=JOB_ID)
+@json_option
+@pass_client
+def get_job(client: awa.Client, job_id: int, as_json: bool) -> None:
+    """Show one job in full.
+
+    Every field, the error history of its attempts, progress and metadata.
+    """
+    row = client.get_job(job_id)
+    if row is None:
+        fail(f"job {job_id} not found")
+    if as_json:
+        print_json(row)
+    else:
+        _describe(row)
+
+
+def _report_change(
+    client: awa.Client, job_id: int, row: JobRow | None, as_json: bool, rule: str, note: str = ""
+) -> None:
+    """Print the changed row, or say why there is none (unknown id, or the rule it broke)."""
+    if row is None:
+        current = client.get_job(job_id)
+        if current is None:
+            fail(f"job {job_id} not found")
+        fail(f"job {job_id} is {current.state.value}; {rule}")
+    if as_json:
+        print_json(row)
+    else:
+        click.echo(f"job {row.id} is now {row.state.value}{note}")
+
+
+@job.command("cancel", context_settings=_TAKES_JOB_ID)
+@click.argument("job_id", metavar="ID", type=JOB_ID)
+@json_option
+@pass_client
+def cancel_job(client: awa.Client, job_id: int, as_json: bool) -> None:
+    """Cancel a job that has not finished.
+
+    A running attempt is told to stop; whatever it writes afterwards is ignored.
+    """
+    row = client.cancel(job_id)
+    _report_change(client, job_id, row, as_json, "only unfinished jobs can be cancelled")
+
+
+@job.command("retry", context_settings=_TAKES_JOB_ID)
+@click.argument("job_id", metavar="ID", type=JOB_ID)
+@json_option
+@pass_client
+def retry_job(client: awa.Client, job_id: int, as_json: bool) -> None:
+    """Run a failed, cancelled or parked job again.
+
+    The job becomes available now with a fresh attempt budget; its error history is kept.
+    Parked (waiting_external) jobs drop their callback.
+    """
+    row = client.retry(job_id)
+    rule = "only failed, cancelled or waiting_external jobs can be retried"
+    note = f"; it runs again with up to {row.max_attempts} attempts" if row else ""
+    _report_change(client, job_id, row, as_json, rule, note)
+
+
+@job.command("retry-failed")
+@click.option("--kind", help="Retry the failed jobs of this kind.")
+@click.option("--queue", help="Retry the failed jobs of this queue.")
+@json_option
+@click.pass_context
+def retry_failed(ctx: click.Context, kind: str | None, queue: str | None, as_json: bool) -> None:
+    """Retry every failed job of a kind or a queue.
+
+    Give exactly one of --kind and --queue.
+    """
+    if (kind is None) == (queue is None):
+        raise click.UsageError("give exactly one of --kind or --queue")
+    jobs = client_from_context(ctx).retry_failed(kind=kind, queue=queue)
+    if as_json:
+        print_json({"retried": len(jobs), "job_ids": [row.id for row in jobs]})
+    else:
+        scope = f"kind {kind}" if kind is not None else f"queue {queue}"
+        click.echo(f"retried {len(jobs)} failed job(s) of {scope}")
+
+
+@job.command("discard")
+@click.option("--kind", required=True, help="The kind whose failed jobs are deleted.")
+@json_option
+@pass_client
+def discard_failed(client: awa.Client, kind: str, as_json: bool) -> None:
+    """Delete every failed job of a kind, for good."""
+    count = client.discard_failed(kind)
+    if as_json:
+        print_json({"discarded": count, "kind": kind})
+    else:
+        click.echo(f"deleted {count} failed job(s) of kind {kind}")

@@ -1,0 +1,115 @@
+"""``awa queue``: queue depth; pause, resume and drain queues."""
+
+from __future__ import annotations
+
+import getpass
+
+import click
+
+import awa
+from awa.cli.group import (
+    format_age,
+    json_option,
+    lag_seconds,
+    main,
+    pass_client,
+    print_json,
+    print_table,
+)
+from awa.model import JobState
+
+
+@main.group()
+def queue() -> None:
+    """Show queue depth; pause, resume and drain queues."""
+
+
+_STATS_STATES = [JobState.AVAILABLE, JobState.RUNNING, JobState.SCHEDULED, JobState.RETRYABLE]
+_STATS_STATES += [JobState.WAITING_EXTERNAL, JobState.FAILED]
+
+
+@queue.command("stats")
+@json_option
+@pass_client
+def queue_stats(client: awa.Client, as_json: bool) -> None:
+    """Jobs per queue and state, the age of the oldest available job, and pause status.
+
+    WAITING counts jobs parked on a callback. Completed and cancelled counts are in --json.
+    """
+    stats = client.queue_stats()
+    if as_json:
+        print_json(stats)
+        return
+    if not stats:
+        click.echo("no queues yet")
+        return
+    counted = [state.value.split("_")[0].upper() for state in _STATS_STATES]
+    headers = ["QUEUE", *counted, "OLDEST AVAILABLE", "PAUSED"]
+    rows = []
+    for entry in stats:
+        paused = "no"
+        if entry.paused:
+            paused = f"yes (by {entry.paused_by})" if entry.paused_by else "yes"
+        counts = [entry.count(state) for state in _STATS_STATES]
+        rows.append([entry.queue, *counts, format_age(lag_seconds(entry)), paused])
+    print_table(headers, rows)
+
+
+def _default_pauser() -> str | None:
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):
+        return None
+
+
+@queue.command("pause")
+@click.argument("name", metavar="QUEUE")
+@click.option("--by", "paused_by", help="Who paused it (default: your user name).")
+@json_option
+@pass_client
+def pause_queue(client: awa.Client, name: str, paused_by: str | None, as_json: bool) -> None:
+    """Stop workers from claiming jobs of QUEUE; running jobs finish. Inserts still work.
+
+    A queue no job has used yet is paused too (ready for its first jobs), with a note to
+    check the name; --json then says "known": false.
+    """
+    paused_by = paused_by or _default_pauser()
+    with client.connection() as conn:
+        known = awa.admin.queue_known(conn, name)
+    client.pause_queue(name, paused_by=paused_by)
+    if as_json:
+        print_json({"queue": name, "paused": True, "paused_by": paused_by, "known": known})
+        return
+    note = "" if known else " (no job has used this queue yet; check the name)"
+    click.echo(f"queue {name} paused" + (f" by {paused_by}" if paused_by else "") + note)
+
+
+@queue.command("resume")
+@click.argument("name", metavar="QUEUE")
+@json_option
+@pass_client
+def resume_queue(client: awa.Client, name: str, as_json: bool) -> None:
+    """Let workers claim jobs of QUEUE again."""
+    was_paused = client.resume_queue(name)
+    if as_json:
+        print_json({"queue": name, "paused": False, "was_paused": was_paused})
+    elif was_paused:
+        click.echo(f"queue {name} resumed")
+    else:
+        click.echo(f"queue {name} was not paused")
+
+
+@queue.command("drain")
+@click.argument("name", metavar="QUEUE")
+@json_option
+@pass_client
+def drain_queue(client: awa.Client, name: str, as_json: bool) -> None:
+    """Cancel every job of QUEUE that waits to run or is parked on a callback.
+
+    Running jobs finish their attempt.
+    """
+    count = client.drain_queue(name)
+    if as_json:
+        print_json({"queue": name, "cancelled": count})
+    else:
+        click.echo(f"cancelled {count} job(s) in queue {name}")
