@@ -22,7 +22,7 @@ import pytest
 
 import awa
 from awa.lifecycle.events import RescueReason
-from awa.worker import runtime as runtime_module
+from awa.worker import rescue as rescue_module
 from awa.worker.rescue import SWEEPS, rescue
 from helpers_lifecycle import Counters, Recorder, hooks_idle, jobs_of_kind, metric_reader
 from helpers_worker import (
@@ -588,7 +588,7 @@ async def test_a_rescued_follow_up_that_never_finishes_times_out(
     caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(runtime_module, "RESCUE_FOLLOW_UP_TIMEOUT", 0.3)
+    monkeypatch.setattr(rescue_module, "RESCUE_FOLLOW_UP_TIMEOUT", 0.3)
     idle_worker(client)
     recorder = Recorder()
     client.on_event_kind("stranded", recorder)

@@ -10,16 +10,21 @@ stands) and then the ``Rescued`` hooks; rescue itself never waits on user code.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any, LiteralString
 
 import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
+from awa.lifecycle import events
 from awa.lifecycle.events import RescueReason
+from awa.lifecycle.followups import FollowUpRegistry, Trigger, TriggerContext, insert_follow_ups
+from awa.lifecycle.hooks import HookDispatcher
 from awa.model import JobRow
 from awa.observability import metrics
 from awa.sql import query
@@ -178,3 +183,42 @@ def retention_duty(
             log.info("retention deleted %d finished jobs", total)
 
     return Duty("retention", interval, run)
+
+
+RESCUE_FOLLOW_UP_TIMEOUT = 30.0
+"""Seconds the Rescued follow-ups of one job may take (they are best-effort)."""
+
+Connect = Callable[[], AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]]
+
+
+async def after_rescue(
+    rescued: list[Rescue], follow_ups: FollowUpRegistry, hooks: HookDispatcher, connect: Connect
+) -> None:
+    """The Rescued follow-ups (each job in its own transaction, best-effort and bounded in
+    time) and hooks of committed rescues. A rescue that cancelled a duplicate fires
+    Cancelled instead."""
+    for item in rescued:
+        row = item.row
+        if item.duplicate:
+            reason = str(row.errors[-1]["error"]) if row.errors else "rescued as duplicate"
+            hooks.dispatch(events.Cancelled(row, row.args, reason))
+            continue
+        specs = follow_ups.specs(Trigger.RESCUED, row.kind)
+        if specs:
+            context = TriggerContext(Trigger.RESCUED, reason=item.reason)
+            try:
+                async with asyncio.timeout(RESCUE_FOLLOW_UP_TIMEOUT):
+                    async with connect() as conn, conn.transaction():
+                        await insert_follow_ups(conn, specs, row, context, follow_ups.insert_rules)
+            except Exception as error:
+                metrics.follow_up_failures.add(1, {metrics.KIND: row.kind})
+                if isinstance(error, TimeoutError):
+                    error = TimeoutError(f"not done within {RESCUE_FOLLOW_UP_TIMEOUT:g}s")
+                log.error(
+                    "job %s (kind %s) was rescued, but its Rescued follow-ups failed "
+                    "(the rescue stands): %s",
+                    row.id,
+                    row.kind,
+                    error,
+                )
+        hooks.dispatch(events.Rescued(row, row.args, item.reason))

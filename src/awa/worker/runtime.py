@@ -19,14 +19,10 @@ from awa.errors import AwaError, DatabaseError
 from awa.insert import InsertRules
 from awa.job import Job
 from awa.kinds import decoder_for
-from awa.lifecycle import events
 from awa.lifecycle.events import RescueReason, Started
 from awa.lifecycle.followups import (
     FollowUpError,
     FollowUpRegistry,
-    Trigger,
-    TriggerContext,
-    insert_follow_ups,
 )
 from awa.lifecycle.hooks import HookDispatcher
 from awa.model import JobRow, JobState
@@ -58,7 +54,7 @@ from awa.worker.outage import FailureLog, quiet_pool_reconnect_errors
 from awa.worker.outcome_log import job_fields, log_outcome
 from awa.worker.presence import Presence
 from awa.worker.registry import TaskRegistry
-from awa.worker.rescue import SWEEPS, Rescue, rescue_duty, retention_duty
+from awa.worker.rescue import SWEEPS, Rescue, after_rescue, rescue_duty, retention_duty
 from awa.worker.results import Outcome
 
 
@@ -80,9 +76,6 @@ R = TypeVar("R")
 # After the shutdown timeout, handlers see is_cancelled() and get this long to return
 # before they are interrupted and their jobs requeued.
 CANCEL_GRACE = 1.0
-
-# Rescued follow-ups of one job must be inserted within this long (they are best-effort).
-RESCUE_FOLLOW_UP_TIMEOUT = 30.0
 
 
 class Runtime:
@@ -287,40 +280,10 @@ class Runtime:
         stall the sweeps), run the Rescued follow-ups and hooks. Handlers still running a
         rescued attempt, here or elsewhere, learn it from the rescue's awa_cancel
         announcement."""
-        task = asyncio.create_task(self._after_rescue(rescued), name="awa-rescued")
+        work = after_rescue(rescued, self._follow_ups, self._hooks, self._host.connection)
+        task = asyncio.create_task(work, name="awa-rescued")
         self._rescue_tasks.add(task)
         task.add_done_callback(self._rescue_tasks.discard)
-
-    async def _after_rescue(self, rescued: list[Rescue]) -> None:
-        """The Rescued follow-ups (each job in its own transaction, best-effort and bounded
-        in time) and hooks of committed rescues."""
-        for item in rescued:
-            row = item.row
-            if item.duplicate:
-                reason = str(row.errors[-1]["error"]) if row.errors else "rescued as duplicate"
-                self._hooks.dispatch(events.Cancelled(row, row.args, reason))
-                continue
-            specs = self._follow_ups.specs(Trigger.RESCUED, row.kind)
-            if specs:
-                context = TriggerContext(Trigger.RESCUED, reason=item.reason)
-                try:
-                    async with asyncio.timeout(RESCUE_FOLLOW_UP_TIMEOUT):
-                        async with self._host.connection() as conn, conn.transaction():
-                            await insert_follow_ups(
-                                conn, specs, row, context, self._follow_ups.insert_rules
-                            )
-                except Exception as error:
-                    metrics.follow_up_failures.add(1, {metrics.KIND: row.kind})
-                    if isinstance(error, TimeoutError):
-                        error = TimeoutError(f"not done within {RESCUE_FOLLOW_UP_TIMEOUT:g}s")
-                    log.error(
-                        "job %s (kind %s) was rescued, but its Rescued follow-ups failed "
-                        "(the rescue stands): %s",
-                        row.id,
-                        row.kind,
-                        error,
-                    )
-            self._hooks.dispatch(events.Rescued(row, row.args, item.reason))
 
     async def shutdown(self, timeout: float) -> None:
         """Stop claiming, let handlers finish (up to ``timeout``), then signal cancellation,
