@@ -515,13 +515,13 @@ async def test_with_returning_none_commits_the_trigger_alone(
     assert count[0] == 1
 
 
-async def test_completed_spec_returning_none_takes_the_per_job_path(
+async def test_completed_spec_returning_none_completes_in_a_batch(
     client: awa.AsyncClient, conn: Conn
 ) -> None:
-    """§8.3.2: a kind with a Completed spec whose closure returns None still completes
-    through its own transaction (the closure runs on the committed, completed row); with
-    a long completion linger the batched path would have given these jobs one shared
-    finalized_at, the per-job path gives each its own."""
+    """§8.3.2: a kind with a Completed spec whose closure returns None still completes (the
+    closure runs on the committed, completed row); completions with follow-up specs are
+    batched like plain ones (DESIGN §4.7), so with a long completion linger the five jobs
+    share one transaction and its finalized_at."""
     seen: list[tuple[int, awa.JobState]] = []
 
     @client.on_completed_enqueue_with(Signup)
@@ -538,7 +538,7 @@ async def test_completed_spec_returning_none_takes_the_per_job_path(
     assert sorted(seen) == sorted((t.id, awa.JobState.COMPLETED) for t in triggers)
     assert follow_ups(conn) == []
     stamps = {finalized_at(conn, t.id) for t in triggers}
-    assert len(stamps) == 5
+    assert len(stamps) == 1
 
 
 async def test_kinds_without_specs_still_complete_through_the_batch(
@@ -925,12 +925,14 @@ async def test_two_runtimes_racing_for_one_unique_follow_up(
             return None
 
     register(client, "one")
+    # One trigger per runtime: each runs its own queue, so neither can take both triggers
+    # (its completion batch would then hold both closures).
     first = await insert_trigger(client, 1)
-    second = await insert_trigger(client, 2)
+    second = await client.insert(Signup(2), queue="other-signups")
     async with second_client(database_url) as other:
         register(other, "two")
         await start(client, trigger_queue(max_workers=1, prefetch=0))
-        await start(other, trigger_queue(max_workers=1, prefetch=0))
+        await start(other, queue("other-signups", max_workers=1, prefetch=0))
         await wait_for_state(conn, first.id, "completed")
         await wait_for_state(conn, second.id, "completed")
         await wait_for(lambda: duplicates.delta() == 1)

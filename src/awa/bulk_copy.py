@@ -6,7 +6,7 @@ duplicates."""
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from awa.db import CopyStatement, Flow, Statement
@@ -42,7 +42,23 @@ def copy_flow(
         return (yield from insert_flow(preparer.prepare_all(batch)))
     if not batch:
         return []
-    reserved = yield Statement(query("copy_reserve_ids"), {"count": len(batch)}, _first)
+    return (yield from _copy(len(batch), lambda index: preparer.prepare(index, batch[index])))
+
+
+def copy_prepared_flow(jobs: Sequence[PreparedJob], *, rows: bool = True) -> Flow[list[JobRow]]:
+    """COPY jobs prepared already (none with a unique key); run it inside a transaction.
+    ``rows=False``: the caller needs no stored rows (an empty list comes back)."""
+    if not jobs:
+        return []
+    return (yield from _copy(len(jobs), jobs.__getitem__, keep=rows))
+
+
+def _copy(
+    count: int, job_at: Callable[[int], PreparedJob], *, keep: bool = True
+) -> Flow[list[JobRow]]:
+    """COPY ``count`` jobs, the one at each index given by ``job_at``; the stored rows
+    (none unless ``keep``)."""
+    reserved = yield Statement(query("copy_reserve_ids"), {"count": count}, _first)
     now: dt.datetime = reserved["now"]
     ids: list[int] = reserved["ids"]
     stored: list[JobRow] = []
@@ -52,13 +68,14 @@ def copy_flow(
         # the COPY: no list of prepared jobs is kept alive (fewer objects for the garbage
         # collector to walk).
         row = CopyRowFormatter(now)
-        for index, item in enumerate(batch):
-            job = preparer.prepare(index, item)
+        for index in range(count):
+            job = job_at(index)
             job_id = ids[index]
-            run_at = job.run_at
-            due = run_at is None or run_at <= now
-            state = JobState.AVAILABLE if due else JobState.SCHEDULED
-            stored.append(stored_job(job, job_id, state, run_at or now, now))
+            if keep:
+                run_at = job.run_at
+                due = run_at is None or run_at <= now
+                state = JobState.AVAILABLE if due else JobState.SCHEDULED
+                stored.append(stored_job(job, job_id, state, run_at or now, now))
             yield row(job, job_id)
 
     yield CopyStatement(query("copy_jobs"), rows())

@@ -161,8 +161,36 @@ class CheckedOpts:
     deadline_duration: dt.timedelta | None
 
 
+_CHECKED: dict[tuple[Any, ...], CheckedOpts] = {}
+"""Options already checked, by value (follow-up closures build equal options for every
+job; checking them takes longer than looking them up)."""
+
+_CHECKED_LIMIT = 256
+
+
 def check_opts(opts: InsertOpts, rules: InsertRules = DEFAULT_RULES) -> CheckedOpts:
     """Validate options once; raises ValidationError naming the field and its limit."""
+    try:
+        # The types are part of the key: True == 1 would otherwise pass for a priority.
+        key = (
+            opts,
+            type(opts.priority),
+            type(opts.max_attempts),
+            type(opts.deadline_duration),
+            rules.max_metadata_bytes,
+        )
+        cached = _CHECKED.get(key)
+    except TypeError:  # a list of tags, a metadata dict: not hashable, checked each time
+        return _check_opts(opts, rules)
+    if cached is None:
+        cached = _check_opts(opts, rules)
+        if len(_CHECKED) >= _CHECKED_LIMIT:
+            _CHECKED.clear()
+        _CHECKED[key] = cached
+    return cached
+
+
+def _check_opts(opts: InsertOpts, rules: InsertRules) -> CheckedOpts:
     opts.validated()
     ordering = opts.ordering_key
     metadata_json = dump_json(dict(opts.metadata) if opts.metadata else {}, "metadata")
@@ -274,14 +302,38 @@ class InsertKwargs(TypedDict, total=False):
 _INSERT_KWARGS = frozenset(InsertKwargs.__annotations__)
 
 
+_DEFAULT_OPTS = InsertOpts()
+
+_SPLIT: dict[tuple[Any, ...], tuple[str | None, InsertOpts]] = {}
+_SPLIT_LIMIT = 256
+
+
 def split_kwargs(caller: str, kwargs: Mapping[str, Any]) -> tuple[str | None, InsertOpts]:
     """The kind and InsertOpts named by insert keyword arguments; TypeError for unknown ones."""
-    unknown = sorted(set(kwargs) - _INSERT_KWARGS)
+    if not kwargs:
+        return None, _DEFAULT_OPTS
+    unknown = kwargs.keys() - _INSERT_KWARGS
     if unknown:
         raise TypeError(
-            f"{caller}() got unexpected keyword argument(s) {', '.join(unknown)}; "
+            f"{caller}() got unexpected keyword argument(s) {', '.join(sorted(unknown))}; "
             f"expected {', '.join(sorted(_INSERT_KWARGS))}"
         )
+    try:
+        # Handlers staging a follow-up pass the same options for every job; the types are
+        # part of the key, since True == 1 must not pass for a priority.
+        key = tuple((name, value, type(value)) for name, value in kwargs.items())
+        found = _SPLIT.get(key)
+    except TypeError:  # a list of tags, a metadata dict: not hashable
+        return _split(kwargs)
+    if found is None:
+        found = _split(kwargs)
+        if len(_SPLIT) >= _SPLIT_LIMIT:
+            _SPLIT.clear()
+        _SPLIT[key] = found
+    return found
+
+
+def _split(kwargs: Mapping[str, Any]) -> tuple[str | None, InsertOpts]:
     tags = kwargs.get("tags")
     opts = InsertOpts(
         queue=kwargs.get("queue"),

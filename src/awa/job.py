@@ -264,6 +264,7 @@ class Job(Generic[A]):
             callback_transform,
             self._progress,
             None,
+            False,  # callback_in_handler: a claimed attempt is not waiting in its handler
         ]
 
     @property

@@ -268,6 +268,9 @@ def check_run_at(value: object) -> dt.datetime:
 
 
 _UNSET: Any = object()
+
+_RESOLVED: dict[tuple[Any, ...], InsertOpts] = {}
+_RESOLVED_LIMIT = 256
 A = TypeVar("A")
 
 
@@ -342,7 +345,21 @@ class EnqueueRequest(Generic[A]):
 
     def resolve(self, defaults: InsertOpts) -> InsertOpts:
         """The options this request inserts with, over the given defaults."""
-        return dataclasses.replace(defaults, **self._opts) if self._opts else defaults
+        if not self._opts:
+            return defaults
+        try:
+            # Follow-up closures build equal requests for every job: reuse the options. The
+            # types are part of the key, since True == 1 must not pass for a priority.
+            key = (defaults, *((name, value, type(value)) for name, value in self._opts.items()))
+            resolved = _RESOLVED.get(key)
+        except TypeError:  # a list of tags, a metadata dict: not hashable
+            return dataclasses.replace(defaults, **self._opts)
+        if resolved is None:
+            resolved = dataclasses.replace(defaults, **self._opts)
+            if len(_RESOLVED) >= _RESOLVED_LIMIT:
+                _RESOLVED.clear()
+            _RESOLVED[key] = resolved
+        return resolved
 
     def __repr__(self) -> str:
         opts = ", ".join(f"{key}={value!r}" for key, value in self._opts.items())
@@ -397,6 +414,19 @@ class JobRow:
             if values[name] is not None:
                 values[name] = bytes(values[name])
         return cls(**values)
+
+    @classmethod
+    def from_values(cls, values: Sequence[Any]) -> JobRow:
+        """Build from a row whose columns are in the order of this class's fields."""
+        row = cls(*values)
+        row.state = JobState(row.state)
+        if row.callback_id is not None:
+            row.callback_id = str(row.callback_id)
+        if row.unique_key is not None:
+            row.unique_key = bytes(row.unique_key)
+        if row.ordering_key is not None:
+            row.ordering_key = bytes(row.ordering_key)
+        return row
 
     @property
     def is_terminal(self) -> bool:

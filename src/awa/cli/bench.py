@@ -1,6 +1,8 @@
 """``awa bench``: measure enqueue, COPY, drain and latency on a scratch database.
 
-Each scenario runs ``--runs`` times and reports the median. The benchmark works only in a
+Each scenario runs ``--runs`` times (round by round, every scenario once per round) and
+reports the median; a drain variant also reports the median of its ratios to the plain
+drain of the same round. The benchmark works only in a
 database it creates on the configured server (``awa_bench_<random hex>``, or the name given
 with ``--scratch-database``), marks as its own with a comment, and drops when it ends, also on
 an error or Ctrl-C. It never drops a database that lacks its mark, so it cannot harm your
@@ -28,6 +30,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 import awa
+from awa.cli.bench_drain import DRAIN_VARIANTS, Noop, Result, bench_drain, reset
 from awa.cli.group import database_url_from_context, json_option, main, print_json, print_table
 from awa.db import connection_kwargs, redact, resolve_database_url
 from awa.errors import ValidationError
@@ -40,26 +43,9 @@ MAX_DATABASE_NAME = 63  # bytes; PostgreSQL silently truncates longer identifier
 
 
 @dataclasses.dataclass
-class Noop:
-    n: int
-
-
-@dataclasses.dataclass
 class Timed:
     n: int
     sent_at: float
-
-
-@dataclasses.dataclass
-class Result:
-    scenario: str
-    jobs: int
-    seconds: float
-    extra: dict[str, float] = dataclasses.field(default_factory=dict)
-
-    @property
-    def rate(self) -> float:
-        return self.jobs / self.seconds if self.seconds else 0.0
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -119,21 +105,10 @@ def scratch_database(server_url: str, name: str) -> Iterator[str]:
         _drop(server_url, name)
 
 
-async def _reset(client: awa.AsyncClient) -> None:
-    async with client.connection() as conn:
-        await conn.execute(query("bench_reset"))
-
-
-async def _value(conn: psycopg.AsyncConnection[Any], name: str) -> Any:
-    cursor = await conn.execute(query(name))
-    row = await cursor.fetchone()
-    return row[0] if row else None
-
-
 async def bench_enqueue(client: awa.AsyncClient, jobs: int, progress: Progress) -> Result:
     """Sequential single inserts, each its own transaction. Bare INSERTs (the baseline) run
     between chunks of them, so both rates come from the same minutes of a noisy machine."""
-    await _reset(client)
+    await reset(client)
     task = progress.add_task("enqueue one by one", total=jobs)
     latencies = []
     elapsed = raw_elapsed = 0.0
@@ -177,7 +152,7 @@ PRODUCERS = 8
 
 
 async def _concurrent_insert_rate(client: awa.AsyncClient, jobs: int, producers: int) -> float:
-    await _reset(client)
+    await reset(client)
     share = max(1, jobs // producers)
 
     async def produce() -> None:
@@ -191,14 +166,14 @@ async def _concurrent_insert_rate(client: awa.AsyncClient, jobs: int, producers:
 
 async def bench_copy(client: awa.AsyncClient, jobs: int, progress: Progress) -> Result:
     """One ``insert_many_copy`` of every job."""
-    await _reset(client)
+    await reset(client)
     task = progress.add_task("bulk COPY", total=jobs)
     batch = [Noop(n) for n in range(jobs)]
     started = time.perf_counter()
     await client.insert_many_copy(batch)
     elapsed = time.perf_counter() - started
     progress.update(task, completed=jobs)
-    await _reset(client)
+    await reset(client)
     raw = await _raw_copy_rate(client, jobs)
     return Result("copy", jobs, elapsed, {"raw_copy_per_second": raw})
 
@@ -225,65 +200,6 @@ async def _raw_copy_rate(client: awa.AsyncClient, count: int) -> float:
         return count / (time.perf_counter() - started)
 
 
-@dataclasses.dataclass
-class Echo:
-    n: int
-
-
-async def bench_drain(
-    url: str, jobs: int, concurrency: int, progress: Progress, variant: str = "drain"
-) -> Result:
-    """Run ``jobs`` pre-inserted no-op jobs with ``concurrency`` handlers; time until every
-    completion is committed (checked by counting rows). ``drain-hook`` adds one no-op
-    lifecycle hook on the kind; ``drain-followup`` a Completed follow-up spec (each job then
-    completes in its own transaction that also inserts its follow-up)."""
-    client = awa.AsyncClient(url, application_name="awa-bench")
-    try:
-        await _reset(client)
-        await client.insert_many_copy([Noop(n) for n in range(jobs)])
-        async with client.connection() as conn:
-            await conn.execute(query("bench_vacuum"))
-
-        @client.task(Noop)
-        async def noop(job: awa.Job[Noop]) -> None:
-            return None
-
-        if variant == "drain-hook":
-
-            @client.on_event(Noop)
-            async def observe(event: awa.JobEvent[Noop]) -> None:
-                return None
-
-        elif variant == "drain-followup":
-            client.on_completed_enqueue_with(
-                Noop, lambda args, job: awa.EnqueueRequest(Echo(args.n)).queue("bench-followups")
-            )
-
-        async with client.connection() as conn:
-            commits_before = await _value(conn, "bench_commits")
-        task = progress.add_task(f"{variant} x{concurrency}", total=jobs)
-        started = time.perf_counter()
-        await client.start({"default": {"max_workers": concurrency}})
-        runtime = client.runtime
-        assert runtime is not None
-        while (done := runtime.completed) < jobs:
-            progress.update(task, completed=done)
-            await asyncio.sleep(0.02)
-        elapsed = time.perf_counter() - started
-        progress.update(task, completed=jobs)
-        await client.close()  # stats of a backend are flushed when it exits
-    finally:
-        await client.close()
-    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        await asyncio.sleep(1.2)  # let exiting backends and the stats collector catch up
-        completed = await _value(conn, "bench_completed")
-        commits = await _value(conn, "bench_commits") - commits_before
-        dead = await _value(conn, "bench_dead_tuples")
-    if completed != jobs:
-        raise awa.AwaError(f"drain: {completed} of {jobs} jobs are completed in the table")
-    return Result(variant, jobs, elapsed, {"commits_per_job": commits / jobs, "dead_tuples": dead})
-
-
 async def bench_latency(
     url: str, rate: float, seconds: float, concurrency: int, progress: Progress
 ) -> Result:
@@ -296,7 +212,7 @@ async def bench_latency(
     started: dict[int, float] = {}
     committed: dict[int, float] = {}
     try:
-        await _reset(client)
+        await reset(client)
 
         @client.task(Timed)
         async def timed(job: awa.Job[Timed]) -> None:
@@ -322,7 +238,7 @@ async def bench_latency(
                     await asyncio.sleep(0.01)
             finally:
                 await producer.close()
-        await _reset(client)
+        await reset(client)
         floor, floor_after_commit = await _latency_floor(url, rate, seconds)
         ms = [value * 1e3 for value in latencies]
         # A job can start before its producer sees the commit return: count that as zero.
@@ -412,7 +328,7 @@ def _median(results: list[Result]) -> Result:
     return Result(middle.scenario, middle.jobs, middle.seconds, extras)
 
 
-SCENARIOS = ("enqueue", "copy", "drain", "drain-hook", "drain-followup", "latency")
+SCENARIOS = ("enqueue", "copy", *DRAIN_VARIANTS, "latency")
 
 
 async def run_bench(
@@ -432,24 +348,34 @@ async def run_bench(
     plans: dict[str, Callable[[Progress], Awaitable[Result]]] = {
         "enqueue": lambda progress: bench_enqueue(client, jobs, progress),
         "copy": lambda progress: bench_copy(client, jobs, progress),
-        "drain": lambda progress: bench_drain(url, jobs, concurrency, progress),
-        "drain-hook": lambda progress: bench_drain(url, jobs, concurrency, progress, "drain-hook"),
-        "drain-followup": lambda progress: bench_drain(
-            url, jobs, concurrency, progress, "drain-followup"
-        ),
+        **{
+            variant: functools.partial(bench_drain, url, jobs, concurrency, variant=variant)
+            for variant in DRAIN_VARIANTS
+        },
         "latency": lambda progress: bench_latency(url, rate, seconds, concurrency, progress),
     }
+    results: dict[str, list[Result]] = {name: [] for name in scenarios}
     try:
         with Progress(console=console, transient=True) as progress:
-            for name in scenarios:
-                results = [await plans[name](progress) for _ in range(runs)]
-                median = _median(results)
-                report[name] = {
-                    "jobs_per_second": median.rate,
-                    "runs": [round(result.rate, 1) for result in results],
-                    "jobs": median.jobs,
-                    **median.extra,
-                }
+            # Round by round, every scenario once per round: a drain variant is compared
+            # with the plain drain of its own round, minutes apart at most.
+            for _ in range(runs):
+                for name in scenarios:
+                    results[name].append(await plans[name](progress))
+        for name in scenarios:
+            median = _median(results[name])
+            report[name] = {
+                "jobs_per_second": median.rate,
+                "runs": [round(result.rate, 1) for result in results[name]],
+                "jobs": median.jobs,
+                **median.extra,
+            }
+            if name.startswith("drain-") and "drain" in results:
+                ratios = [
+                    variant.rate / plain.rate
+                    for variant, plain in zip(results[name], results["drain"], strict=True)
+                ]
+                report[name]["ratio_to_drain"] = statistics.median(ratios)
     finally:
         await client.close()
     return report

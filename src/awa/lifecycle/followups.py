@@ -33,6 +33,7 @@ from awa.insert import (
 )
 from awa.kinds import decode_args
 from awa.lifecycle.events import RescueReason
+from awa.lifecycle.hooks import is_async_callable
 from awa.model import EnqueueRequest, InsertOpts, JobRow, check_name
 from awa.observability import metrics
 
@@ -89,10 +90,17 @@ class FollowUpSpec:
         closure = getattr(self.closure, "__qualname__", repr(self.closure))
         return f"on_{self.trigger.value}_enqueue{variant} for {self.kind!r} ({closure})"
 
-    async def request(self, job: JobRow, context: TriggerContext) -> EnqueueRequest[Any] | None:
-        """Call the closure; the follow-up it asks for, or None for nothing."""
+    async def request(
+        self, job: JobRow, context: TriggerContext, decoded: Any = None
+    ) -> EnqueueRequest[Any] | None:
+        """Call the closure; the follow-up it asks for, or None for nothing. ``decoded``:
+        the trigger's args already decoded (by the worker, for the handler), used when they
+        are of the spec's type."""
         try:
-            args = decode_args(self.trigger_type, job.args)
+            if decoded is not None and type(decoded) is self.trigger_type:
+                args = decoded
+            else:
+                args = decode_args(self.trigger_type, job.args)
         except Exception as error:
             raise FollowUpError(
                 f"{self.name}: the trigger's args do not decode: {error}"
@@ -136,6 +144,7 @@ class FollowUpRegistry:
     def __init__(self, rules: InsertRules = DEFAULT_RULES) -> None:
         self._specs: dict[tuple[Trigger, str], list[FollowUpSpec]] = {}
         self._kinds: set[str] = set()
+        self._awaiting: set[tuple[Trigger, str]] = set()
         self.insert_rules = rules
 
     def add(self, spec: FollowUpSpec) -> None:
@@ -144,6 +153,13 @@ class FollowUpRegistry:
             raise TypeError(f"{spec.name}: the closure is not callable")
         self._specs.setdefault((spec.trigger, spec.kind), []).append(spec)
         self._kinds.add(spec.kind)
+        if is_async_callable(spec.closure):
+            self._awaiting.add((spec.trigger, spec.kind))
+
+    def awaits(self, trigger: Trigger, kind: str) -> bool:
+        """Whether a closure of these specs is ``async def`` (it may wait on something, so a
+        batch runs it beside the others)."""
+        return (trigger, kind) in self._awaiting
 
     def specs(self, trigger: Trigger, kind: str) -> list[FollowUpSpec]:
         return self._specs.get((trigger, kind), [])
@@ -164,12 +180,14 @@ async def prepare_follow_ups(
     job: JobRow,
     context: TriggerContext,
     rules: InsertRules = DEFAULT_RULES,
+    decoded: Any = None,
 ) -> list[PreparedJob]:
-    """Run the closures in order and validate what they ask for (like any insert)."""
+    """Run the closures in order and validate what they ask for (like any insert).
+    ``decoded``: the trigger's args as its handler got them, when at hand."""
     prepared = []
     defaults = InsertOpts()
     for spec in specs:
-        request = await spec.request(job, context)
+        request = await spec.request(job, context, decoded)
         if request is None:
             continue
         try:
@@ -192,16 +210,21 @@ async def insert_follow_ups(
     trigger_row = dataclasses.replace(job, output=None) if job.output is not None else job
     prepared = await prepare_follow_ups(specs, trigger_row, context, rules)
     result = await drive_async(conn, follow_up_flow(prepared))
-    attributes = {metrics.KIND: job.kind, "awa.follow_up.trigger": context.trigger.value}
-    if result.inserted:
-        metrics.follow_ups_committed.add(
-            len(result.inserted), {**attributes, "awa.follow_up.result": "inserted"}
-        )
-    if result.duplicates:
-        metrics.follow_ups_committed.add(
-            len(result.duplicates), {**attributes, "awa.follow_up.result": "duplicate"}
-        )
+    count_follow_ups(job.kind, context.trigger, len(result.inserted), len(result.duplicates))
     return result
+
+
+def count_follow_ups(kind: str, trigger: Trigger, inserted: int, duplicates: int) -> None:
+    """Count the follow-ups of one transition, inserted and skipped as duplicates."""
+    attributes = {metrics.KIND: kind, "awa.follow_up.trigger": trigger.value}
+    if inserted:
+        metrics.follow_ups_committed.add(
+            inserted, {**attributes, "awa.follow_up.result": "inserted"}
+        )
+    if duplicates:
+        metrics.follow_ups_committed.add(
+            duplicates, {**attributes, "awa.follow_up.result": "duplicate"}
+        )
 
 
 def follow_up_flow(jobs: Sequence[PreparedJob]) -> Flow[SkippingInsert]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -22,7 +23,7 @@ from awa.db import Statement, run_async
 from awa.errors import DatabaseError
 from awa.job import Job
 from awa.lifecycle.staging import output_json
-from awa.model import JobRow
+from awa.model import JobRow, JobState
 from awa.sql import query
 from awa.worker.config import RetryPolicy
 from awa.worker.outage import FailureLog, one_line
@@ -92,9 +93,40 @@ def outcome_statement(
     raise AssertionError(f"unknown outcome {outcome!r}")
 
 
-# What a flush reports for each job: the job, its handler duration, and the commit time of
-# its completion as epoch seconds (None: the attempt was stale).
-Done = tuple[Job[Any], float, float | None]
+@dataclasses.dataclass(slots=True)
+class Done:
+    """What a flush did with one completion.
+
+    ``finalized_at`` is the commit time of the completion as epoch seconds (None: the
+    attempt was stale, or the completion was given up or not committed). A completion with
+    follow-ups also has ``returned`` (to build its committed row with ``completed_row``) and
+    ``row`` when its follow-up closures needed it already; one whose follow-ups failed has
+    ``failure`` instead (nothing of it committed: the runtime records the failed attempt);
+    ``alone`` asks the runtime to commit it by itself (its batch's follow-up insert was
+    refused, and only a transaction of its own can tell whose fault it was).
+    """
+
+    job: Job[Any]
+    duration: float
+    finalized_at: float | None
+    returned: tuple[Any, ...] | None = None
+    row: JobRow | None = None
+    failure: Exception | None = None
+    alone: bool = False
+
+
+Pending = tuple[Job[Any], float]
+"""A completion waiting for its flush: the job and its handler's duration."""
+
+Flush = Callable[[Any, list[Pending]], Awaitable[list[Done]]]
+"""Commits a batch on a connection and says what became of each completion."""
+
+
+async def flush_plain(conn: Any, batch: list[Pending]) -> list[Done]:
+    """Complete a batch with one statement (no follow-ups)."""
+    applied = await run_async(conn, complete_batch_statement([job for job, _ in batch]))
+    return [Done(job, duration, applied.get((job.id, job.run_lease))) for job, duration in batch]
+
 
 CLOSE_TIMEOUT = 5.0
 """Seconds ``close()`` keeps retrying a flush while the database is unreachable."""
@@ -117,12 +149,14 @@ class CompletionBatcher:
         batch_size: int,
         linger: float,
         on_done: Callable[[list[Done]], None],
+        flush: Flush = flush_plain,
     ) -> None:
         self._connect = connect
+        self._flush_batch = flush
         self._batch_size = batch_size
         self._linger = linger
         self._on_done = on_done
-        self._pending: list[tuple[Job[Any], float]] = []
+        self._pending: list[Pending] = []
         self._wakeup = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -182,7 +216,7 @@ class CompletionBatcher:
             batch = self._pending[: self._batch_size]
             try:
                 async with asyncio.timeout_at(self._deadline()):
-                    applied = await self._flush(batch)
+                    done = await self._flush(batch)
             except (DatabaseError, psycopg.Error, TimeoutError) as error:
                 if self._closing and time.monotonic() >= self._give_up_at:
                     log.warning(
@@ -210,9 +244,7 @@ class CompletionBatcher:
             self._failures.succeeded()
             delay = 0.05
             del self._pending[: len(batch)]
-            self._report(
-                [(job, duration, applied.get((job.id, job.run_lease))) for job, duration in batch]
-            )
+            self._report(done)
 
     def _deadline(self) -> float | None:
         """When a flush in progress is abandoned: only while closing."""
@@ -224,7 +256,7 @@ class CompletionBatcher:
         """Give up the first ``count`` pending completions (reported as not applied)."""
         dropped = self._pending[:count]
         del self._pending[:count]
-        self._report([(job, duration, None) for job, duration in dropped])
+        self._report([Done(job, duration, None) for job, duration in dropped])
 
     def _report(self, done: list[Done]) -> None:
         try:
@@ -232,30 +264,71 @@ class CompletionBatcher:
         except Exception:
             log.exception("handling %d committed completions failed", len(done))
 
-    async def _flush(self, batch: list[tuple[Job[Any], float]]) -> dict[tuple[int, int], float]:
-        statement = complete_batch_statement([job for job, _ in batch])
+    async def _flush(self, batch: list[Pending]) -> list[Done]:
         async with self._connect() as conn:
-            return await run_async(conn, statement)
+            return await self._flush_batch(conn, batch)
 
 
-def complete_batch_statement(jobs: list[Job[Any]]) -> Statement[dict[tuple[int, int], float]]:
-    """Complete many attempts in one statement; decodes to the commit time (epoch seconds)
-    of each applied ``(id, run_lease)`` (the missing ones were stale).
-
-    Outputs travel as one NULL unless a job of the batch recorded one, so a batch without
-    outputs pays a single attribute check per job for them."""
+def _batch_params(jobs: list[Job[Any]]) -> dict[str, Any]:
+    """ids, leases and outputs of a batch, in id order. Outputs travel as one NULL unless a
+    job of the batch recorded one, so a batch without outputs pays a single attribute check
+    per job for them."""
     jobs = sorted(jobs, key=lambda job: job.id)
     outputs = None
     if any(job._extras is not None for job in jobs):
         outputs = [output_json(job) for job in jobs]
     # Integer arrays as literals: psycopg's list adapter costs microseconds per element.
-    params = {
+    return {
         "ids": "{" + ",".join([str(job.id) for job in jobs]) + "}",
         "leases": "{" + ",".join([str(job.run_lease) for job in jobs]) + "}",
         "outputs": outputs,
     }
+
+
+def complete_batch_statement(jobs: list[Job[Any]]) -> Statement[dict[tuple[int, int], float]]:
+    """Complete many attempts in one statement; decodes to the commit time (epoch seconds)
+    of each applied ``(id, run_lease)`` (the missing ones were stale)."""
     return Statement(
         query("complete_batch"),
-        params,
+        _batch_params(jobs),
         lambda rows: {(row["id"], row["run_lease"]): row["finalized_at"] for row in rows},
+    )
+
+
+Returned = tuple[Any, ...]
+"""What ``complete_batch_rows`` returns of one completion (after the id): the commit time,
+metadata and the callback columns, the columns that may differ from the claimed row."""
+
+
+def complete_returning_statement(jobs: list[Job[Any]]) -> Statement[dict[int, Returned]]:
+    """``complete_batch_statement`` returning, by job id, what ``completed_row`` needs to
+    build each committed row (stale attempts are missing)."""
+    return Statement(
+        query("complete_batch_rows"),
+        _batch_params(jobs),
+        lambda rows: {row[0]: row[1:] for row in rows},
+        tuples=True,
+    )
+
+
+def completed_row(job: Job[Any], returned: Returned) -> JobRow:
+    """The committed row of ``job``'s completion: the claimed row, the completion's changes,
+    and what the completion statement returned."""
+    finalized_at, metadata, callback_id, *callback = returned
+    buffer = job._extras
+    return job.snapshot(
+        JobState.COMPLETED,
+        finalized_at=finalized_at,
+        heartbeat_at=None,
+        deadline_at=None,
+        progress=None,
+        output=buffer.output if buffer is not None else None,
+        metadata=metadata,
+        callback_id=str(callback_id) if callback_id is not None else None,
+        callback_timeout_at=callback[0],
+        callback_filter=callback[1],
+        callback_on_complete=callback[2],
+        callback_on_fail=callback[3],
+        callback_transform=callback[4],
+        callback_in_handler=callback[5],
     )

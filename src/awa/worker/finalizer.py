@@ -96,16 +96,20 @@ async def commit_or_record_failure(
     commit: CommitOnce,
     outcome: results.Outcome,
     on_failure: Callable[[FollowUpError], None],
+    failed: FollowUpError | None = None,
 ) -> Committed | None:
     """Commit ``outcome``; when one of its follow-ups fails (rolling it back), commit the
     failed attempt instead (``follow_up_failure``) with the failure's own follow-ups
     (Retried, Exhausted), and if those fail too, without them. ``on_failure`` is told of
-    each failed follow-up."""
-    try:
-        return await commit(outcome, True)
-    except FollowUpError as error:
-        on_failure(error)
-        outcome = follow_up_failure(outcome, error)
+    each failed follow-up. ``failed``: the outcome's follow-ups already failed (in a batch),
+    so start from the failure."""
+    if failed is None:
+        try:
+            return await commit(outcome, True)
+        except FollowUpError as error:
+            failed = error
+    on_failure(failed)
+    outcome = follow_up_failure(outcome, failed)
     try:
         return await commit(outcome, True)
     except FollowUpError as error:
@@ -241,6 +245,10 @@ class Finalizer:
     def __init__(self, follow_ups: FollowUpRegistry) -> None:
         self._follow_ups = follow_ups
 
+    @property
+    def follow_ups(self) -> FollowUpRegistry:
+        return self._follow_ups
+
     def needs_own_transaction(
         self, job: Job[Any], outcome: results.Outcome, *, follow_ups: bool = True
     ) -> bool:
@@ -292,7 +300,8 @@ class Finalizer:
         if row is None:
             return None
         if done.staged is not None:
-            _count_staged(job, done.staged)
+            staged = done.staged
+            count_staged(job.kind, job.queue, len(staged.inserted), len(staged.duplicates))
         duration = outcome.duration if isinstance(outcome, results.Completed) else 0.0
         trigger = trigger_of(outcome, row)
         context = trigger_context(trigger, row, outcome) if trigger is not None else None
@@ -335,16 +344,16 @@ class Finalizer:
         return _Transition(row, follow_ups, staged)
 
 
-def _count_staged(job: Job[Any], staged: SkippingInsert) -> None:
+def count_staged(kind: str, queue: str, inserted: int, duplicates: int) -> None:
     """Count a committed completion's staged follow-ups (after the commit)."""
-    attributes = {metrics.KIND: job.kind, metrics.QUEUE: job.queue}
-    if staged.inserted:
+    attributes = {metrics.KIND: kind, metrics.QUEUE: queue}
+    if inserted:
         metrics.staged_follow_ups_committed.add(
-            len(staged.inserted), {**attributes, "awa.follow_up.result": "inserted"}
+            inserted, {**attributes, "awa.follow_up.result": "inserted"}
         )
-    if staged.duplicates:
+    if duplicates:
         metrics.staged_follow_ups_committed.add(
-            len(staged.duplicates), {**attributes, "awa.follow_up.result": "duplicate"}
+            duplicates, {**attributes, "awa.follow_up.result": "duplicate"}
         )
 
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import functools
 import logging
+from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol, TypeVar, cast
@@ -19,7 +21,7 @@ from awa.errors import AwaError, DatabaseError
 from awa.insert import InsertRules
 from awa.job import Job
 from awa.kinds import decoder_for
-from awa.lifecycle.events import RescueReason, Started
+from awa.lifecycle.events import Completed, JobEvent, RescueReason, Started
 from awa.lifecycle.followups import (
     FollowUpError,
     FollowUpRegistry,
@@ -31,7 +33,7 @@ from awa.observability.health import RuntimeHealth
 from awa.sql import query
 from awa.worker import results
 from awa.worker.attempts import InFlight
-from awa.worker.completer import CompletionBatcher, Done
+from awa.worker.completer import CLOSE_TIMEOUT, CompletionBatcher, Done, completed_row
 from awa.worker.config import QueueConfig, RuntimeConfig
 from awa.worker.dispatcher import QueueDispatcher
 from awa.worker.executor import run_attempt
@@ -41,6 +43,7 @@ from awa.worker.finalizer import (
     batched_completed_event,
     commit_or_record_failure,
 )
+from awa.worker.follow_up_batch import flush_with_follow_ups
 from awa.worker.heartbeat import Heartbeat
 from awa.worker.listener import Listener
 from awa.worker.maintenance import (
@@ -119,6 +122,7 @@ class Runtime:
         }
         self._completer = CompletionBatcher(
             host.connection,
+            flush=functools.partial(flush_with_follow_ups, self._finalizer),
             batch_size=config.completion_batch_size,
             linger=config.completion_linger,
             on_done=self._completions_done,
@@ -128,6 +132,7 @@ class Runtime:
         self._maintenance: Maintenance | None = None
         self._presence: Presence | None = None
         self._rescue_tasks: set[asyncio.Task[None]] = set()
+        self._late_commits: set[asyncio.Task[None]] = set()
         self._save_failures = FailureLog(log, "saving outcomes")
         self._application_name = host.application_name
         self.completed = 0
@@ -303,6 +308,13 @@ class Runtime:
                 slot.cancel()
             await asyncio.gather(*busy, return_exceptions=True)
         await self._completer.close()
+        if self._late_commits:
+            # Completions taken out of a batch (their follow-ups failed): a short grace while
+            # the database answers; what is left stays running and rescue retries it.
+            self._interrupting.set()
+            _, unfinished = await asyncio.wait(self._late_commits, timeout=CLOSE_TIMEOUT)
+            for task in unfinished:
+                task.cancel()
         if self._heartbeat is not None:
             await asyncio.to_thread(self._heartbeat.stop)
         if self._presence is not None:
@@ -431,12 +443,22 @@ class Runtime:
             self.inflight.remove(job)
 
     async def _finalize(self, job: Job[Any], outcome: Outcome, queue: QueueConfig) -> None:
-        if isinstance(outcome, results.Completed) and not self._finalizer.needs_own_transaction(
-            job, outcome
-        ):
+        if isinstance(outcome, results.Completed):
+            # Completions are committed in batches, follow-ups and all (follow_up_batch.py).
             self._completer.add(job, outcome.duration)
             return
-        committed = await self._commit(job, outcome, queue)
+        await self._commit_alone(job, outcome, queue)
+
+    async def _commit_alone(
+        self,
+        job: Job[Any],
+        outcome: Outcome,
+        queue: QueueConfig,
+        failed: FollowUpError | None = None,
+    ) -> None:
+        """Commit one outcome in a statement or transaction of its own, then count, log and
+        dispatch it. ``failed``: its follow-ups failed already, in a completion batch."""
+        committed = await self._commit(job, outcome, queue, failed)
         self.inflight.remove(job)
         if committed is None:
             metrics.stale.add(1, {metrics.KIND: job.kind, metrics.QUEUE: job.queue})
@@ -456,7 +478,11 @@ class Runtime:
             self._hooks.dispatch(committed.event)
 
     async def _commit(
-        self, job: Job[Any], outcome: Outcome, queue: QueueConfig
+        self,
+        job: Job[Any],
+        outcome: Outcome,
+        queue: QueueConfig,
+        failed: FollowUpError | None = None,
     ) -> Committed | None:
         """Commit an outcome; None when the attempt turned out stale or the outcome could
         not be saved (rescue recovers it). A failing follow-up rolls the outcome back with
@@ -476,7 +502,7 @@ class Runtime:
             return await self._commit_once(job, outcome, queue, follow_ups)
 
         try:
-            return await commit_or_record_failure(commit, outcome, follow_up_failed)
+            return await commit_or_record_failure(commit, outcome, follow_up_failed, failed)
         except AwaError:
             log.exception("job %s (kind %s): saving its outcome failed", job.id, job.kind)
             return None
@@ -512,20 +538,41 @@ class Runtime:
     def _completions_done(self, done: list[Done]) -> None:
         completed = []
         hooks = self._hooks
-        for job, duration, finalized_at in done:
+        for item in done:
+            job = item.job
+            if item.failure is not None or item.alone:
+                # Not committed: its follow-ups failed (it is recorded as a failed attempt)
+                # or must be told apart from its batch's. It stays in flight meanwhile.
+                outcome = results.Completed(item.duration)
+                failure = item.failure if isinstance(item.failure, FollowUpError) else None
+                self._later(self._commit_alone(job, outcome, self._queue(job), failure))
+                continue
             self.inflight.remove(job)
-            if finalized_at is None:
+            if item.finalized_at is None:
                 log.debug("job %s lease %s: stale completion ignored", job.id, job.run_lease)
                 continue
             completed.append((job.kind, job.queue))
             if hooks.wants(job.kind):
                 task = self.registry.get(job.kind)
-                hooks.dispatch(
-                    batched_completed_event(job, duration, finalized_at),
-                    task.args_type if task is not None else None,
-                )
+                event: JobEvent[Any]
+                if item.returned is not None:  # it inserted follow-ups: the row came back
+                    row = item.row or completed_row(job, item.returned)
+                    duration = dt.timedelta(seconds=item.duration)
+                    event = Completed(row, job._args, duration, row.output)
+                else:
+                    event = batched_completed_event(job, item.duration, item.finalized_at)
+                hooks.dispatch(event, task.args_type if task is not None else None)
         self.completed += len(completed)
         metrics.count_by_kind(metrics.completed, completed)
+
+    def _queue(self, job: Job[Any]) -> QueueConfig:
+        return self._dispatchers[job.queue].config
+
+    def _later(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run a commit apart from the completion batcher (shutdown waits for it)."""
+        task = asyncio.create_task(work, name="awa-commit")
+        self._late_commits.add(task)
+        task.add_done_callback(self._late_commits.discard)
 
     def health(self) -> RuntimeHealth:
         """This runtime's part of a health check."""

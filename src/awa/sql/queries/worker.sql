@@ -121,6 +121,36 @@ FROM locked
 WHERE j.id = locked.id
 RETURNING j.id, j.run_lease, extract(epoch FROM j.finalized_at)::float8 AS finalized_at
 
+-- name: complete_batch_rows
+-- complete_batch for attempts whose follow-ups are inserted in the same transaction. The
+-- follow-up closures receive the committed rows: the caller builds them from the claimed
+-- rows, so only what may have changed since the claim comes back (metadata, and the
+-- callback columns a handler's register_callback wrote), besides the commit time.
+WITH attempts AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(leases)s::bigint[], %(outputs)s::jsonb[])
+        AS t(id, run_lease, output)
+), locked AS (
+    SELECT j.id, a.output FROM awa.jobs AS j
+    JOIN attempts AS a ON a.id = j.id AND a.run_lease = j.run_lease
+    WHERE j.state = 'running'
+    ORDER BY j.id
+    FOR UPDATE OF j
+)
+UPDATE awa.jobs AS j
+SET state = 'completed', finalized_at = now(), heartbeat_at = NULL, deadline_at = NULL,
+    progress = NULL, output = locked.output
+FROM locked
+WHERE j.id = locked.id
+RETURNING j.id, j.finalized_at, j.metadata, j.callback_id, j.callback_timeout_at,
+    j.callback_filter, j.callback_on_complete, j.callback_on_fail, j.callback_transform,
+    j.callback_in_handler
+
+-- name: savepoint_follow_ups
+SAVEPOINT awa_follow_ups
+
+-- name: rollback_to_follow_ups
+ROLLBACK TO SAVEPOINT awa_follow_ups
+
 -- name: complete_job
 -- output is what the handler recorded (NULL: none).
 UPDATE awa.jobs

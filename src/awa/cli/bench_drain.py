@@ -1,0 +1,165 @@
+"""The drain scenarios of ``awa bench``: pre-inserted no-op jobs run by one worker process
+(or two), plain or with lifecycle work on every job.
+
+- ``drain``: no-op handlers, nothing else (the baseline of the others).
+- ``drain-hook``: one no-op lifecycle hook on the kind.
+- ``drain-followup``: a ``Completed`` follow-up spec: every completion inserts a follow-up
+  in its transaction.
+- ``drain-staged``: every handler stages one follow-up with ``job.enqueue_on_completion``.
+- ``drain-2proc``: ``drain`` with a second worker process on the same queue.
+
+The jobs wait in a paused queue while the workers start; the clock starts when the queue is
+resumed and stops when every job is committed as completed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import multiprocessing
+import time
+from typing import Any
+
+import psycopg
+from rich.progress import Progress
+
+import awa
+from awa.sql import query
+
+DRAIN_VARIANTS = ("drain", "drain-hook", "drain-followup", "drain-staged", "drain-2proc")
+FOLLOW_UP_QUEUE = "bench-followups"  # nobody works it: follow-ups stay put
+QUEUE = "default"
+
+
+@dataclasses.dataclass
+class Noop:
+    n: int
+
+
+@dataclasses.dataclass
+class Echo:
+    n: int
+
+
+@dataclasses.dataclass
+class Result:
+    scenario: str
+    jobs: int
+    seconds: float
+    extra: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    @property
+    def rate(self) -> float:
+        return self.jobs / self.seconds if self.seconds else 0.0
+
+
+async def reset(client: awa.AsyncClient) -> None:
+    async with client.connection() as conn:
+        await conn.execute(query("bench_reset"))
+
+
+async def stat(conn: psycopg.AsyncConnection[Any], name: str) -> Any:
+    """The single value of the named bench query."""
+    cursor = await conn.execute(query(name))
+    row = await cursor.fetchone()
+    return row[0] if row else None
+
+
+def drain_client(url: str, variant: str) -> awa.AsyncClient:
+    """A client whose Noop handler (and hooks or follow-ups) make ``variant``."""
+    client = awa.AsyncClient(url, application_name="awa-bench")
+    staged = variant == "drain-staged"
+
+    @client.task(Noop, queue=QUEUE)
+    async def noop(job: awa.Job[Noop]) -> None:
+        if staged:
+            job.enqueue_on_completion(Echo(job.args.n), queue=FOLLOW_UP_QUEUE)
+
+    if variant == "drain-hook":
+
+        @client.on_event(Noop)
+        async def observe(event: awa.JobEvent[Noop]) -> None:
+            return None
+
+    elif variant == "drain-followup":
+        client.on_completed_enqueue_with(
+            Noop, lambda args, job: awa.EnqueueRequest(Echo(args.n)).queue(FOLLOW_UP_QUEUE)
+        )
+    return client
+
+
+async def _wait_until_done(
+    client: awa.AsyncClient, jobs: int, processes: int, progress: Progress, task: Any
+) -> None:
+    """Until every job is committed as completed: this process's count when it works alone
+    (no query competes with the workers), the table's, every 50 ms, with two processes."""
+    runtime = client.runtime
+    assert runtime is not None
+    if processes == 1:
+        while (done := runtime.completed) < jobs:
+            progress.update(task, completed=done)
+            await asyncio.sleep(0.01)
+        return
+    async with client.connection() as conn:
+        while (done := await stat(conn, "bench_completed")) < jobs:
+            progress.update(task, completed=done)
+            await asyncio.sleep(0.05)
+
+
+def _second_worker(url: str, concurrency: int, ready: Any, stop: Any) -> None:
+    """The second process of ``drain-2proc``: a worker on the same queue until told to
+    stop."""
+
+    async def run() -> None:
+        client = drain_client(url, "drain")
+        async with client.run({QUEUE: {"max_workers": concurrency}}):
+            ready.set()
+            await asyncio.to_thread(stop.wait)
+        await client.close()
+
+    asyncio.run(run())
+
+
+async def bench_drain(
+    url: str, jobs: int, concurrency: int, progress: Progress, variant: str = "drain"
+) -> Result:
+    """Run ``jobs`` pre-inserted jobs (see the module docstring); the rate, commits per job
+    and dead tuples left in awa.jobs."""
+    client = drain_client(url, variant)
+    processes = 2 if variant == "drain-2proc" else 1
+    context = multiprocessing.get_context("spawn")
+    ready, stop = context.Event(), context.Event()
+    second = None
+    try:
+        await reset(client)
+        await client.pause_queue(QUEUE)
+        await client.insert_many_copy([Noop(n) for n in range(jobs)])
+        async with client.connection() as conn:
+            await conn.execute(query("bench_vacuum"))
+            commits_before = await stat(conn, "bench_commits")
+        if processes == 2:
+            second = context.Process(target=_second_worker, args=(url, concurrency, ready, stop))
+            second.start()
+            await asyncio.to_thread(ready.wait, 60)
+        await client.start({QUEUE: {"max_workers": concurrency}})
+        task = progress.add_task(f"{variant} x{concurrency}", total=jobs)
+        started = time.perf_counter()
+        await client.resume_queue(QUEUE)
+        await _wait_until_done(client, jobs, processes, progress, task)
+        elapsed = time.perf_counter() - started
+        progress.update(task, completed=jobs)
+        await client.close()  # stats of a backend are flushed when it exits
+    finally:
+        stop.set()
+        if second is not None:
+            await asyncio.to_thread(second.join, 30)
+        await client.close()
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await asyncio.sleep(1.2)  # let exiting backends and the stats collector catch up
+        completed = await stat(conn, "bench_completed")
+        commits = await stat(conn, "bench_commits") - commits_before
+        dead = await stat(conn, "bench_dead_tuples")
+    if completed != jobs:
+        raise awa.AwaError(f"{variant}: {completed} of {jobs} jobs are completed in the table")
+    extra = {"commits_per_job": commits / jobs, "dead_tuples": dead, "processes": processes}
+    return Result(variant, jobs, elapsed, extra)
