@@ -92,7 +92,7 @@ def _drive_sync(run: Callable[[Statement[Any]], Rows], flow: Flow[R]) -> R:
     try:
         while True:
             step = _no_copy(flow.send(result))
-            result = step.decode(run(step))
+            result = step.decode(_shaped(step, run(step)))
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
 
@@ -102,9 +102,15 @@ async def _drive_async(run: Callable[[Statement[Any]], Awaitable[Rows]], flow: F
     try:
         while True:
             step = _no_copy(flow.send(result))
-            result = step.decode(await run(step))
+            result = step.decode(_shaped(step, await run(step)))
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
+
+
+def _shaped(step: Statement[Any], rows: Rows) -> list[Any]:
+    """The rows as the statement decodes them: dicts (every runner's shape), or tuples of
+    their values (in column order) when it asks for tuples."""
+    return [tuple(row.values()) for row in rows] if step.tuples else list(rows)
 
 
 def _no_copy(step: Statement[Any] | CopyStatement) -> Statement[Any]:

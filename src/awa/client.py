@@ -38,6 +38,7 @@ from awa.insert import (
     prepare_many,
     split_kwargs,
 )
+from awa.insert_lanes import InsertLanes
 from awa.lifecycle.followups import FollowUpRegistry
 from awa.lifecycle.hooks import HookDispatcher, HookRegistry
 from awa.lifecycle.registration import LifecycleRegistration
@@ -100,6 +101,10 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
         # kind's task for inserts that name none, and the size limits.
         self._insert_rules = InsertRules(self._tasks.routes, max_args_bytes, max_metadata_bytes)
         self._follow_ups = FollowUpRegistry(self._insert_rules)
+        # Single inserts crowding in from many coroutines share round trips and commits.
+        self._lanes = InsertLanes(
+            self._acquire, self._release, lanes=min(4, max(1, max_connections // 2))
+        )
         self.hook_dispatcher = HookDispatcher(self._hooks)
 
     @property
@@ -143,6 +148,7 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
         if self._runtime is not None:
             await self.shutdown()
         self.hook_dispatcher.cancel_all()
+        await self._lanes.close()
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
@@ -173,8 +179,7 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
         """
         kind, opts = split_kwargs("insert", kwargs)
         job = prepare_job(args, kind=kind, opts=opts, rules=self._insert_rules)
-        async with self.connection() as conn:
-            return (await insert_prepared_async(conn, [job]))[0]
+        return await self._lanes.insert(job)
 
     async def insert_many(
         self, jobs: Iterable[Any], **kwargs: Unpack[InsertKwargs]
@@ -198,17 +203,17 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
     def transaction(self) -> Transaction:
         """A transaction: ``async with client.transaction() as tx`` or
         ``tx = await client.transaction()``."""
+        return Transaction(self._acquire, self._release, self._insert_rules)
 
-        async def acquire() -> psycopg.AsyncConnection[Any]:
-            pool = await self.pool()
-            with translate_errors():
-                return await pool.getconn()
+    async def _acquire(self) -> psycopg.AsyncConnection[Any]:
+        """A pooled connection, until ``_release``."""
+        pool = await self.pool()
+        with translate_errors():
+            return await pool.getconn()
 
-        async def release(conn: psycopg.AsyncConnection[Any]) -> None:
-            if self._pool is not None:
-                await self._pool.putconn(conn)
-
-        return Transaction(acquire, release, self._insert_rules)
+    async def _release(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        if self._pool is not None:
+            await self._pool.putconn(conn)
 
     # Worker -------------------------------------------------------------------------------
 

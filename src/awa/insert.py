@@ -439,6 +439,17 @@ def _inserted(job: PreparedJob, row: Mapping[str, Any]) -> JobRow:
 def insert_one_flow(job: PreparedJob) -> Flow[JobRow]:
     """Insert one job (the single-row statement); raises UniqueConflict like
     :func:`insert_flow`."""
+    if _is_plain(job):
+        plain = {
+            "kind": job.kind,
+            "queue": job.queue,
+            "args": job.args_json,
+            "priority": job.priority,
+            "max_attempts": job.max_attempts,
+        }
+        found = yield Statement(query("insert_job_plain"), plain, _rows, tuples=True)
+        job_id, state, run_at, created_at = found[0]
+        return stored_job(job, job_id, JobState(state), run_at, created_at)
     params = {
         "kind": job.kind,
         "queue": job.queue,
@@ -459,6 +470,18 @@ def insert_one_flow(job: PreparedJob) -> Flow[JobRow]:
             raise DatabaseError(f"inserting a {job.kind!r} job returned no row")
         yield from unique_conflict_flow([job], [job.unique_key])
     return _inserted(job, rows[0])
+
+
+def _is_plain(job: PreparedJob) -> bool:
+    """Whether every optional column of ``job`` is the table's default."""
+    return (
+        job.run_at is None
+        and job.unique_key is None
+        and not job.tags
+        and job.metadata_json == "{}"
+        and job.ordering_key is None
+        and job.deadline_duration is None
+    )
 
 
 @dataclasses.dataclass(slots=True)

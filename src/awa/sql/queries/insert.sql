@@ -75,6 +75,14 @@ ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL
 DO NOTHING
 RETURNING id, state, run_at, created_at
 
+-- name: insert_job_plain
+-- insert_job for the common job: no run_at, unique key, tags, metadata, ordering key or
+-- deadline, so the table's defaults apply (available now); fewer parameters to send, bind
+-- and cast.
+INSERT INTO awa.jobs (kind, queue, args, priority, max_attempts)
+VALUES (%(kind)s, %(queue)s, %(args)s::jsonb, %(priority)s, %(max_attempts)s)
+RETURNING id, state, run_at, created_at
+
 -- name: unique_key_holders
 SELECT id, unique_key FROM awa.jobs
 WHERE unique_key = ANY(%(keys)s::bytea[]) AND awa.unique_key_held(unique_states, state)
