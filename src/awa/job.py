@@ -46,7 +46,8 @@ class AttemptServices(Protocol):
 
 
 CALLBACK_RESULT_KEY = "_awa_callback_result"
-_ROW_INDEX = {field.name: index for index, field in enumerate(dataclasses.fields(JobRow))}
+_ROW_FIELDS = tuple(field.name for field in dataclasses.fields(JobRow))
+_ROW_INDEX = {name: index for index, name in enumerate(_ROW_FIELDS)}
 _STATE = _ROW_INDEX["state"]
 _NO_REST: tuple[Any, ...] = (None,) * 10
 
@@ -210,7 +211,13 @@ class Job(Generic[A]):
         return self._args  # type: ignore[no-any-return]
 
     def snapshot(self, state: JobState = JobState.RUNNING, **changes: Any) -> JobRow:
-        """This attempt's row as claimed, with ``changes`` applied (for lifecycle events)."""
+        """This attempt's row as claimed, with ``changes`` applied (for lifecycle events).
+
+        The row fills its other columns on first use: a hook that reads only the job's id,
+        kind, queue, state or attempt costs no conversion of timestamps and JSON."""
+        return _ClaimedRow.of(self, state, changes)
+
+    def _row_values(self, state: JobState, changes: dict[str, Any]) -> list[Any]:
         base = self._row_base
         if base is None:
             base = self._row_base = self._claimed_row_values()
@@ -218,7 +225,7 @@ class Job(Generic[A]):
         values[_STATE] = state
         for name, value in changes.items():
             values[_ROW_INDEX[name]] = value
-        return JobRow(*values)
+        return values
 
     def _claimed_row_values(self) -> list[Any]:
         (
@@ -506,3 +513,60 @@ class Job(Generic[A]):
             f"Job(id={self.id}, kind={self.kind!r}, queue={self.queue!r}, "
             f"attempt={self.attempt}/{self.max_attempts})"
         )
+
+
+class _ClaimedRow(JobRow):
+    """A JobRow taken from an attempt's claimed row (``Job.snapshot``). Its id, kind, queue,
+    priority, attempts and run lease, what the attempt may change (errors, metadata, tags,
+    progress: copied now),
+    the state and the changes given are set at once; the others, which stay as claimed
+    (timestamps to convert, args, unique and callback columns), on the first read of any of
+    them (an unset slot raises AttributeError, which calls ``__getattr__``). Compares equal
+    to a JobRow with the same values."""
+
+    __slots__ = ("_changes", "_source")
+
+    _source: Job[Any]
+    _changes: dict[str, Any]
+
+    @classmethod
+    def of(cls, job: Job[Any], state: JobState, changes: dict[str, Any]) -> JobRow:
+        row: _ClaimedRow = cls.__new__(cls)
+        row.id = job.id
+        row.kind = job.kind
+        row.queue = job.queue
+        row.priority = job.priority
+        row.attempt = job.attempt
+        row.max_attempts = job.max_attempts
+        row.run_lease = job.run_lease
+        row.state = state
+        row.errors = list(job._errors) if job._errors else []
+        row.metadata = dict(job._metadata) if job._metadata else {}
+        row.tags = list(job.tags)
+        row.progress = job._progress
+        for name, value in changes.items():
+            setattr(row, name, value)
+        row._source = job
+        row._changes = changes
+        return row
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in _ROW_INDEX:
+            raise AttributeError(name)
+        self._fill()
+        return object.__getattribute__(self, name)
+
+    def _fill(self) -> None:
+        values = self._source._row_values(self.state, self._changes)
+        for name, value in zip(_ROW_FIELDS, values, strict=True):
+            try:
+                object.__getattribute__(self, name)
+            except AttributeError:
+                setattr(self, name, value)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, JobRow):
+            return NotImplemented
+        return all(getattr(self, name) == getattr(other, name) for name in _ROW_FIELDS)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like JobRow

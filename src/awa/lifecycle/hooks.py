@@ -86,12 +86,15 @@ class HookDispatcher:
     """Runs the hooks of committed events in the background.
 
     Events wait in a queue drained by consumer tasks, so a stream of quick hooks costs no
-    task per event. Consumers exit when the queue is empty. A watchdog adds consumers as soon
-    as the oldest waiting event has waited ``STALL`` seconds (a slow hook is running), so
-    slow hooks run concurrently instead of delaying every later event.
+    task per event: a resident consumer sleeps while the queue is empty and wakes on the
+    next event; it ends after ``IDLE`` seconds without any. A watchdog adds consumers as
+    soon as the oldest waiting event has waited ``STALL`` seconds (a slow hook is running),
+    so slow hooks run concurrently instead of delaying every later event; the extra
+    consumers end when the queue is empty.
     """
 
     STALL = 0.02
+    IDLE = 5.0
     MAX_CONSUMERS = 1024
 
     def __init__(self, registry: HookRegistry) -> None:
@@ -101,6 +104,10 @@ class HookDispatcher:
         self._watchdog: asyncio.Task[None] | None = None
         self._running = 0
         self._active = 0  # consumers still draining (tasks leave _consumers a bit later)
+        self._resident: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._sleeping = False  # the resident consumer waits for work
+        self._retire = False  # the resident consumer should end (idle too long)
         # Plain def hooks run on threads of their own: on asyncio's default executor, hooks
         # that block would queue ahead of the runtime's own calls there (shutdown uses it).
         self._threads: ThreadPoolExecutor | None = None
@@ -120,8 +127,11 @@ class HookDispatcher:
             return False
         loop = asyncio.get_running_loop()
         self._queue.append((registrations, event, args_type, loop.time()))
-        if not self._active:
-            self._spawn(1)
+        if self._sleeping:
+            self._sleeping = False
+            self._wake.set()
+        elif self._resident is None:
+            self._resident = self._spawn_one(resident=True)
         if self._watchdog is None:
             self._watchdog = loop.create_task(self._watch(), name="awa-hooks-watchdog")
         return True
@@ -140,6 +150,8 @@ class HookDispatcher:
         self._queue.clear()
         for task in list(self._consumers):
             task.cancel()
+        self._resident = None
+        self._sleeping = False
         if self._watchdog is not None:
             self._watchdog.cancel()
             self._watchdog = None
@@ -149,28 +161,43 @@ class HookDispatcher:
 
     def _spawn(self, count: int) -> None:
         for _ in range(min(count, self.MAX_CONSUMERS - self._active)):
-            self._active += 1
-            task = asyncio.get_running_loop().create_task(self._consume(), name="awa-hooks")
-            self._consumers.add(task)
-            task.add_done_callback(self._consumers.discard)
+            self._spawn_one(resident=False)
 
-    async def _consume(self) -> None:
+    def _spawn_one(self, *, resident: bool) -> asyncio.Task[None]:
+        self._active += 1
+        task = asyncio.get_running_loop().create_task(self._consume(resident), name="awa-hooks")
+        self._consumers.add(task)
+        task.add_done_callback(self._consumers.discard)
+        return task
+
+    async def _consume(self, resident: bool) -> None:
         queue = self._queue
         try:
-            while queue:
-                registrations, event, decoded_as, _ = queue.popleft()
-                self._running += 1
-                try:
-                    await self._run(registrations, event, decoded_as)
-                finally:
-                    self._running -= 1
+            while True:
+                while queue:
+                    registrations, event, decoded_as, _ = queue.popleft()
+                    self._running += 1
+                    try:
+                        await self._run(registrations, event, decoded_as)
+                    finally:
+                        self._running -= 1
+                if not resident or self._retire:
+                    return
+                self._wake.clear()
+                self._sleeping = True
+                await self._wake.wait()
         finally:
             self._active -= 1
+            if resident:
+                self._sleeping = False
+                self._retire = False
+                self._resident = None
 
     async def _watch(self) -> None:
         loop = asyncio.get_running_loop()
+        idle_since = loop.time()
         try:
-            while self._queue or self._running:
+            while True:
                 await asyncio.sleep(self.STALL)
                 queue = self._queue
                 if queue and loop.time() - queue[0][3] >= self.STALL:
@@ -178,6 +205,15 @@ class HookDispatcher:
                     self._spawn(len(queue))
                 elif queue and not self._active:
                     self._spawn(1)
+                if queue or self._running:
+                    idle_since = loop.time()
+                elif loop.time() - idle_since >= self.IDLE:
+                    # Nothing for a while: the resident consumer and the watchdog end.
+                    if self._sleeping:
+                        self._retire = True
+                        self._sleeping = False
+                        self._wake.set()
+                    return
         finally:
             self._watchdog = None
 
