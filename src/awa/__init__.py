@@ -4,7 +4,7 @@ Jobs are rows in Postgres, inserted inside your own transaction and run by async
 """
 
 from awa import admin, bridge
-from awa.admin import QueueStats
+from awa.admin import CronJob, QueueStats
 from awa.blocking_client import Client
 from awa.callbacks import ResolveResult
 from awa.client import AsyncClient
@@ -68,6 +68,7 @@ __all__ = [
     "Cancelled",
     "Client",
     "Completed",
+    "CronJob",
     "DatabaseError",
     "EnqueueRequest",
     "Exhausted",

@@ -28,28 +28,42 @@ from awa.insert import unique_key
 from awa.kinds import args_to_json_value, dump_json
 from awa.model import JobRow, JobState, check_name, parse_state
 from awa.observability.queue_stats import QueueStats, queue_stats
+from awa.periodic import (
+    CronJob,
+    delete_cron_job,
+    list_cron_jobs,
+    pause_cron_job,
+    resume_cron_job,
+    trigger_cron_job,
+)
 from awa.sql import query
 
 __all__ = [
+    "CronJob",
     "QueueStats",
     "cancel",
     "cancel_by_unique_key",
     "complete_external",
+    "delete_cron_job",
     "discard_failed",
     "drain_queue",
     "fail_external",
     "get_job",
     "heartbeat_callback",
+    "list_cron_jobs",
     "list_jobs",
+    "pause_cron_job",
     "pause_queue",
     "queue_known",
     "queue_stats",
     "resolve_callback",
+    "resume_cron_job",
     "resume_external",
     "resume_queue",
     "retry",
     "retry_external",
     "retry_failed",
+    "trigger_cron_job",
 ]
 
 

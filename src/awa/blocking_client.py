@@ -17,7 +17,7 @@ import psycopg
 import psycopg_pool
 
 from awa import admin, callbacks
-from awa.admin import QueueStats
+from awa.admin import CronJob, QueueStats
 from awa.bulk_copy import copy_flow
 from awa.callbacks.resolution import CallbackId
 from awa.db import (
@@ -222,6 +222,26 @@ class Client:
     def queue_stats(self) -> list[QueueStats]:
         with self.connection() as conn:
             return admin.queue_stats(conn)
+
+    def list_cron_jobs(self) -> list[CronJob]:
+        with self.connection() as conn:
+            return admin.list_cron_jobs(conn)
+
+    def pause_cron_job(self, name: str, *, paused_by: str | None = None) -> bool:
+        with self.connection() as conn:
+            return admin.pause_cron_job(conn, name, paused_by=paused_by)
+
+    def resume_cron_job(self, name: str) -> bool:
+        with self.connection() as conn:
+            return admin.resume_cron_job(conn, name)
+
+    def trigger_cron_job(self, name: str) -> JobRow | None:
+        with self.connection() as conn:
+            return admin.trigger_cron_job(conn, name)
+
+    def delete_cron_job(self, name: str) -> bool:
+        with self.connection() as conn:
+            return admin.delete_cron_job(conn, name)
 
     # External callbacks. The blocking client has no lifecycle registry, so these commit the
     # transition alone: follow-up specs and hooks registered on an AsyncClient run only when

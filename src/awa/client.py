@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar, Unpack
 
@@ -17,7 +17,7 @@ import psycopg
 import psycopg_pool
 
 from awa import admin
-from awa.admin import QueueStats
+from awa.admin import CronJob, QueueStats
 from awa.bulk_copy import copy_flow
 from awa.callbacks.resolution import CallbackResolution
 from awa.db import (
@@ -28,7 +28,7 @@ from awa.db import (
     resolve_database_url,
     translate_errors,
 )
-from awa.errors import AwaError, DatabaseError, SchemaNotMigrated
+from awa.errors import AwaError, DatabaseError, SchemaNotMigrated, ValidationError
 from awa.insert import (
     MAX_ARGS_BYTES,
     MAX_METADATA_BYTES,
@@ -43,7 +43,7 @@ from awa.lifecycle.followups import FollowUpRegistry
 from awa.lifecycle.hooks import HookDispatcher, HookRegistry
 from awa.lifecycle.registration import LifecycleRegistration
 from awa.migrations import check_version, migrate_async, schema_version_flow
-from awa.model import JobRow, JobState
+from awa.model import DEFAULT_MAX_ATTEMPTS, DEFAULT_PRIORITY, JobRow, JobState
 from awa.observability.health import (
     DEFAULT_UNSERVED_AFTER,
     HEALTH_CHECK_TIMEOUT,
@@ -52,10 +52,12 @@ from awa.observability.health import (
     schema_missing,
     unreachable,
 )
+from awa.schedules import PeriodicJob, define_periodic
 from awa.transaction import (
     Transaction,
     insert_prepared_async,
 )
+from awa.worker.cron import store_schedules
 from awa.worker.registry import TaskRegistry
 
 if TYPE_CHECKING:
@@ -102,6 +104,7 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
         self._insert_rules = InsertRules(self._tasks.routes, max_args_bytes, max_metadata_bytes)
         self._follow_ups = FollowUpRegistry(self._insert_rules)
         # Single inserts crowding in from many coroutines share round trips and commits.
+        self._periodic: dict[str, PeriodicJob] = {}
         self._lanes = InsertLanes(
             self._acquire, self._release, lanes=min(4, max(1, max_connections // 2))
         )
@@ -232,6 +235,47 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
 
         return register
 
+    def periodic(
+        self,
+        name: str,
+        cron_expr: str,
+        args_type: type[Any] | None,
+        args: Any,
+        *,
+        timezone: str = "UTC",
+        queue: str | None = None,
+        priority: int = DEFAULT_PRIORITY,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        tags: Sequence[str] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        missed_fire_policy: str = "coalesce",
+    ) -> None:
+        """Declare a periodic job: a job of ``args`` enqueued at every fire of
+        ``cron_expr`` (5 fields, or 6 with seconds first) in ``timezone``, stored when the
+        worker starts and fired by the maintenance leader, once per fire across the fleet.
+        ``queue`` None follows the kind's task. ``missed_fire_policy``: after downtime,
+        ``"coalesce"`` enqueues only the latest missed fire, ``"catch_up"`` each of them.
+        Call it before ``start()``; ValidationError names a bad expression, zone, policy
+        or option. See docs/periodic.md."""
+        if self._runtime is not None:
+            raise AwaError("declare periodic jobs before start()")
+        if name in self._periodic:
+            raise ValidationError(f"periodic job {name!r} is declared twice")
+        self._periodic[name] = define_periodic(
+            name,
+            cron_expr,
+            args_type,
+            args,
+            timezone=timezone,
+            queue=queue,
+            priority=priority,
+            max_attempts=max_attempts,
+            tags=tags,
+            metadata=metadata,
+            missed_fire_policy=missed_fire_policy,
+            rules=self._insert_rules,
+        )
+
     @property
     def runtime(self) -> Runtime | None:
         """The running worker runtime, if ``start()`` was called."""
@@ -256,6 +300,8 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
         configs = parse_queues(queues, self._tasks.queues())
         async with self.connection() as conn:
             check_version(await drive_async(conn, schema_version_flow()))
+            # Declared schedules are stored before anything runs (never deleting others').
+            await store_schedules(conn, self._periodic.values(), self._insert_rules)
         runtime = Runtime(
             self,
             self._tasks,
@@ -373,3 +419,25 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
     async def queue_stats(self) -> list[QueueStats]:
         async with self.connection() as conn:
             return await admin.queue_stats(conn)
+
+    # Periodic jobs (see awa.periodic) -----------------------------------------------------
+
+    async def list_cron_jobs(self) -> list[CronJob]:
+        async with self.connection() as conn:
+            return await admin.list_cron_jobs(conn)
+
+    async def pause_cron_job(self, name: str, *, paused_by: str | None = None) -> bool:
+        async with self.connection() as conn:
+            return await admin.pause_cron_job(conn, name, paused_by=paused_by)
+
+    async def resume_cron_job(self, name: str) -> bool:
+        async with self.connection() as conn:
+            return await admin.resume_cron_job(conn, name)
+
+    async def trigger_cron_job(self, name: str) -> JobRow | None:
+        async with self.connection() as conn:
+            return await admin.trigger_cron_job(conn, name)
+
+    async def delete_cron_job(self, name: str) -> bool:
+        async with self.connection() as conn:
+            return await admin.delete_cron_job(conn, name)

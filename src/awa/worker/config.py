@@ -165,6 +165,8 @@ class RuntimeConfig:
     # (is_cancelled() turns true) before it is interrupted with CancelledError, freeing its
     # slot; None leaves it to the handler. Plain def handlers run on, in their thread.
     cancel_grace: float | None = 5.0
+    # Seconds between the leader's evaluations of periodic-job schedules.
+    cron_interval: float = 1.0
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> RuntimeConfig:
@@ -190,6 +192,7 @@ class RuntimeConfig:
             "completed_retention",
             "failed_retention",
             "cleanup_interval",
+            "cron_interval",
         ):
             object.__setattr__(self, field, _positive_seconds(getattr(self, field), field))
         object.__setattr__(

@@ -35,6 +35,7 @@ from awa.worker import results
 from awa.worker.attempts import InFlight
 from awa.worker.completer import CLOSE_TIMEOUT, CompletionBatcher, Done, completed_row
 from awa.worker.config import QueueConfig, RuntimeConfig
+from awa.worker.cron import cron_duty
 from awa.worker.dispatcher import QueueDispatcher
 from awa.worker.executor import run_attempt
 from awa.worker.finalizer import (
@@ -276,6 +277,7 @@ class Runtime:
             ),
         ]
         duties.append(runtime_expiry_duty(config.cleanup_interval))
+        duties.append(cron_duty(config.cron_interval))
         if config.vacuum_interval > 0:
             duties.append(vacuum_duty(config.vacuum_interval, config.vacuum_threshold))
         return duties

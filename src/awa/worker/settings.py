@@ -52,6 +52,7 @@ RUNTIME_HELP: dict[str, str] = {
     "cleanup_batch_size": "Jobs deleted per retention statement.",
     "vacuum_interval": "Seconds between dead-row checks of awa.jobs (0: never vacuum).",
     "vacuum_threshold": "Dead rows in awa.jobs that make the leader vacuum it.",
+    "cron_interval": "Seconds between the leader's evaluations of periodic-job schedules.",
     "cancel_grace": "Seconds a cancelled or rescued async handler has before it is "
     "interrupted ('none': never interrupt).",
 }

@@ -1,0 +1,118 @@
+"""``awa cron``: list, pause, resume, trigger and remove periodic jobs."""
+
+from __future__ import annotations
+
+import getpass
+
+import click
+
+import awa
+from awa.cli.group import fail, format_time, json_option, main, pass_client, print_json, print_table
+
+
+@main.group()
+def cron() -> None:
+    """List and operate the periodic jobs (cron schedules).
+
+    Schedules are declared in code with client.periodic() and stored when a worker starts;
+    the maintenance leader enqueues one job per fire.
+    """
+
+
+@cron.command("list")
+@json_option
+@pass_client
+def list_schedules(client: awa.Client, as_json: bool) -> None:
+    """Every stored schedule: expression, zone, next and last fire, paused or not."""
+    schedules = client.list_cron_jobs()
+    if as_json:
+        print_json(schedules)
+        return
+    if not schedules:
+        click.echo("no periodic jobs (declare them with client.periodic())")
+        return
+    headers = ["NAME", "CRON", "TIMEZONE", "KIND", "QUEUE", "NEXT FIRE", "LAST FIRE", "PAUSED"]
+    rows = [
+        [
+            entry.name,
+            entry.cron_expr,
+            entry.timezone,
+            entry.kind,
+            entry.queue,
+            format_time(entry.next_fire_at),
+            format_time(entry.last_enqueued_at),
+            f"yes (by {entry.paused_by})"
+            if entry.paused and entry.paused_by
+            else ("yes" if entry.paused else "no"),
+        ]
+        for entry in schedules
+    ]
+    print_table(headers, rows)
+
+
+def _user() -> str | None:
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):
+        return None
+
+
+@cron.command("pause")
+@click.argument("name")
+@click.option("--by", "paused_by", help="Who paused it (default: your user name).")
+@json_option
+@pass_client
+def pause(client: awa.Client, name: str, paused_by: str | None, as_json: bool) -> None:
+    """Stop NAME's fires until it is resumed (its history stays)."""
+    paused_by = paused_by or _user()
+    if not client.pause_cron_job(name, paused_by=paused_by):
+        fail(f"no periodic job named {name!r}")
+    if as_json:
+        print_json({"name": name, "paused": True, "paused_by": paused_by})
+    else:
+        click.echo(f"periodic job {name} paused")
+
+
+@cron.command("resume")
+@click.argument("name")
+@json_option
+@pass_client
+def resume(client: awa.Client, name: str, as_json: bool) -> None:
+    """Let NAME fire again. The fires it missed while paused follow its missed-fire policy:
+    coalesce enqueues the latest one, catch_up each of them."""
+    if not client.resume_cron_job(name):
+        fail(f"no periodic job named {name!r}")
+    if as_json:
+        print_json({"name": name, "paused": False})
+    else:
+        click.echo(f"periodic job {name} resumed")
+
+
+@cron.command("trigger")
+@click.argument("name")
+@json_option
+@pass_client
+def trigger(client: awa.Client, name: str, as_json: bool) -> None:
+    """Enqueue NAME's job now, even when paused, without moving its schedule."""
+    job = client.trigger_cron_job(name)
+    if job is None:
+        fail(f"no periodic job named {name!r}")
+    if as_json:
+        print_json(job)
+    else:
+        click.echo(f"enqueued job {job.id} ({job.kind}) in queue {job.queue}")
+
+
+@cron.command("remove")
+@click.argument("name")
+@json_option
+@pass_client
+def remove(client: awa.Client, name: str, as_json: bool) -> None:
+    """Delete NAME's schedule. A worker whose code still declares it stores it again when
+    it starts: remove it from the code too."""
+    if not client.delete_cron_job(name):
+        fail(f"no periodic job named {name!r}")
+    if as_json:
+        print_json({"name": name, "removed": True})
+    else:
+        click.echo(f"periodic job {name} removed")

@@ -1,0 +1,110 @@
+"""Operator actions on periodic jobs (``awa.cron_jobs``), on any psycopg connection.
+
+Like the rest of ``awa.admin`` (which re-exports them), each takes a blocking or an asyncio
+connection and runs inside the caller's transaction if there is one. Schedules are declared
+in code with ``client.periodic()`` and stored when the client starts; these actions list,
+pause, resume, trigger and delete them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from typing import Any
+
+from awa.db import Statement, operation
+from awa.errors import ValidationError
+from awa.model import JobRow, check_name
+from awa.schedules import CronTimes
+from awa.sql import query
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CronJob:
+    """A stored schedule. ``next_fire_at`` is its next fire after now (None while paused,
+    or when its expression cannot be evaluated here); ``last_enqueued_at`` its last fire."""
+
+    name: str
+    cron_expr: str
+    timezone: str
+    kind: str
+    queue: str
+    args: Any
+    priority: int
+    max_attempts: int
+    tags: list[str]
+    metadata: dict[str, Any]
+    missed_fire_policy: str
+    last_enqueued_at: dt.datetime | None
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    paused_at: dt.datetime | None
+    paused_by: str | None
+    next_fire_at: dt.datetime | None
+
+    @property
+    def paused(self) -> bool:
+        return self.paused_at is not None
+
+
+_FIELDS = tuple(field.name for field in dataclasses.fields(CronJob) if field.name != "next_fire_at")
+
+
+def _cron_jobs(rows: list[dict[str, Any]]) -> list[CronJob]:
+    found = []
+    for row in rows:
+        next_fire = None
+        if row["paused_at"] is None:
+            try:
+                times = CronTimes.of(row["cron_expr"], row["timezone"])
+            except ValidationError:
+                times = None
+            if times is not None:
+                last = row["last_enqueued_at"] or row["created_at"]
+                next_fire = times.next_fire(max(last, row["now"]))
+        found.append(CronJob(**{name: row[name] for name in _FIELDS}, next_fire_at=next_fire))
+    return found
+
+
+def _name(name: object) -> str:
+    return check_name("periodic job name", name)
+
+
+@operation
+def list_cron_jobs() -> Statement[list[CronJob]]:
+    """Every stored schedule, by name."""
+    return Statement(query("cron_list"), None, _cron_jobs)
+
+
+@operation
+def pause_cron_job(name: str, *, paused_by: str | None = None) -> Statement[bool]:
+    """Stop a schedule's fires (its history stays); False when no schedule has the name."""
+    params = {"name": _name(name), "paused_by": paused_by}
+    return Statement(query("cron_pause"), params, bool)
+
+
+@operation
+def resume_cron_job(name: str) -> Statement[bool]:
+    """Let a schedule fire again; the fires it missed while paused follow its missed-fire
+    policy (coalesce: the latest one; catch_up: each). False when no schedule has the
+    name."""
+    return Statement(query("cron_resume"), {"name": _name(name)}, bool)
+
+
+@operation
+def trigger_cron_job(name: str) -> Statement[JobRow | None]:
+    """Enqueue the schedule's job now, even when paused, without moving its fire history
+    (metadata ``triggered_manually``); None when no schedule has the name."""
+    params = {"name": _name(name), "at": dt.datetime.now(dt.UTC).isoformat()}
+    return Statement(
+        query("cron_trigger"),
+        params,
+        lambda rows: JobRow.from_record(rows[0]) if rows else None,
+    )
+
+
+@operation
+def delete_cron_job(name: str) -> Statement[bool]:
+    """Delete a schedule (a runtime declaring it stores it again when it starts); False
+    when no schedule has the name."""
+    return Statement(query("cron_remove"), {"name": _name(name)}, bool)
