@@ -191,7 +191,7 @@ async def _raw_copy_rate(client: awa.AsyncClient, count: int) -> float:
             formatting = time.perf_counter()
             data = "".join(
                 f'{job_id}\traw\tdefault\t{{"n": {job_id}}}\tavailable\t2\t25\t{now}\t{now}'
-                "\t{}\t{}\t\\N\t\\N\n"
+                "\t{}\t{}\t\\N\t\\N\t\\N\n"
                 for job_id in ids
             )
             started += time.perf_counter() - formatting  # not counted: done in advance
@@ -318,6 +318,19 @@ async def _latency_floor(url: str, rate: float, seconds: float) -> tuple[list[fl
     return from_call or [math.nan], from_commit or [math.nan]
 
 
+async def _own_client(
+    url: str,
+    scenario: Callable[[awa.AsyncClient, int, Progress], Awaitable[Result]],
+    jobs: int,
+    progress: Progress,
+) -> Result:
+    """Run a producer scenario on a client of its own, closed at its end: a backend reports
+    its commits when it exits (or when idle for a while), and a pool kept open would report
+    them in the middle of a later scenario's commits per job."""
+    async with awa.AsyncClient(url, application_name="awa-bench") as client:
+        return await scenario(client, jobs, progress)
+
+
 def _median(results: list[Result]) -> Result:
     """The run with the median rate, its extras replaced by each extra's median."""
     ordered = sorted(results, key=lambda result: result.rate)
@@ -342,12 +355,12 @@ async def run_bench(
     runs: int,
     console: Console,
 ) -> dict[str, dict[str, Any]]:
-    client = awa.AsyncClient(url, application_name="awa-bench")
-    await client.migrate()
+    async with awa.AsyncClient(url, application_name="awa-bench") as client:
+        await client.migrate()
     report: dict[str, dict[str, Any]] = {}
     plans: dict[str, Callable[[Progress], Awaitable[Result]]] = {
-        "enqueue": lambda progress: bench_enqueue(client, jobs, progress),
-        "copy": lambda progress: bench_copy(client, jobs, progress),
+        "enqueue": lambda progress: _own_client(url, bench_enqueue, jobs, progress),
+        "copy": lambda progress: _own_client(url, bench_copy, jobs, progress),
         **{
             variant: functools.partial(bench_drain, url, jobs, concurrency, variant=variant)
             for variant in DRAIN_VARIANTS
@@ -355,29 +368,26 @@ async def run_bench(
         "latency": lambda progress: bench_latency(url, rate, seconds, concurrency, progress),
     }
     results: dict[str, list[Result]] = {name: [] for name in scenarios}
-    try:
-        with Progress(console=console, transient=True) as progress:
-            # Round by round, every scenario once per round: a drain variant is compared
-            # with the plain drain of its own round, minutes apart at most.
-            for _ in range(runs):
-                for name in scenarios:
-                    results[name].append(await plans[name](progress))
-        for name in scenarios:
-            median = _median(results[name])
-            report[name] = {
-                "jobs_per_second": median.rate,
-                "runs": [round(result.rate, 1) for result in results[name]],
-                "jobs": median.jobs,
-                **median.extra,
-            }
-            if name.startswith("drain-") and "drain" in results:
-                ratios = [
-                    variant.rate / plain.rate
-                    for variant, plain in zip(results[name], results["drain"], strict=True)
-                ]
-                report[name]["ratio_to_drain"] = statistics.median(ratios)
-    finally:
-        await client.close()
+    with Progress(console=console, transient=True) as progress:
+        # Round by round, every scenario once per round: a drain variant is compared with
+        # the plain drain of its own round, minutes apart at most.
+        for _ in range(runs):
+            for name in scenarios:
+                results[name].append(await plans[name](progress))
+    for name in scenarios:
+        median = _median(results[name])
+        report[name] = {
+            "jobs_per_second": median.rate,
+            "runs": [round(result.rate, 1) for result in results[name]],
+            "jobs": median.jobs,
+            **median.extra,
+        }
+        if name.startswith("drain-") and "drain" in results:
+            ratios = [
+                variant.rate / plain.rate
+                for variant, plain in zip(results[name], results["drain"], strict=True)
+            ]
+            report[name]["ratio_to_drain"] = statistics.median(ratios)
     return report
 
 
