@@ -67,7 +67,7 @@ def database_url(session_database: str) -> str:
         # TRUNCATE (new files for the table and every index) costs ~80 ms per test.
         conn.execute(
             "DELETE FROM awa.jobs; DELETE FROM awa.queues; DELETE FROM awa.runtimes;"
-            " DELETE FROM awa.cron_jobs;"
+            " DELETE FROM awa.cron_jobs; DELETE FROM awa.queue_limits;"
             " SELECT setval(pg_get_serial_sequence('awa.jobs', 'id'), 1, false)"
         )
     return session_database

@@ -82,15 +82,17 @@ def test_bench_runs_every_scenario(server_url: str, database_name: str) -> None:
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     drains = ("drain", "drain-hook", "drain-followup", "drain-staged", "drain-2proc")
+    drains += ("drain-beside-limits", "drain-capped", "drain-keys", "drain-rated")
     assert set(report) == {"enqueue", "copy", *drains, "latency"}
     for scenario in ("enqueue", "copy", *drains):
         assert report[scenario]["jobs"] == 200
         assert report[scenario]["jobs_per_second"] > 0
     for scenario in drains:
-        assert report[scenario]["commits_per_job"] < 1
+        assert report[scenario]["commits_per_job"] < 1, (scenario, report[scenario])
     for scenario in drains[1:]:
         assert report[scenario]["ratio_to_drain"] > 0  # beside its same-round baseline
     assert report["drain-2proc"]["processes"] == 2
+    assert report["drain-rated"]["rate_vs_limit"] > 0
     assert report["latency"]["jobs"] == 25
     assert report["latency"]["p50_ms"] > 0
     # The baselines measured beside awa's figures, for ratios.

@@ -42,10 +42,10 @@ class Scripted:
         self.started: list[str] = []
         self.stopping = False
 
-    async def claim(self, config: QueueConfig, limit: int) -> list[Any]:
+    async def claim(self, config: QueueConfig, limit: int) -> tuple[list[Any], None]:
         answer: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
         await self.claims.put(answer)
-        return await answer
+        return await answer, None
 
     async def execute(self, job: FakeJob, config: QueueConfig) -> None:
         self.started.append(job.name)

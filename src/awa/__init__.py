@@ -4,7 +4,7 @@ Jobs are rows in Postgres, inserted inside your own transaction and run by async
 """
 
 from awa import admin, bridge
-from awa.admin import CronJob, QueueStats
+from awa.admin import CronJob, HeldBack, QueueLimits, QueueStats
 from awa.blocking_client import Client
 from awa.callbacks import ResolveResult
 from awa.client import AsyncClient
@@ -74,6 +74,7 @@ __all__ = [
     "Exhausted",
     "FollowUpError",
     "HealthCheck",
+    "HeldBack",
     "InsertKwargs",
     "InsertOpts",
     "Job",
@@ -81,6 +82,7 @@ __all__ = [
     "JobRow",
     "JobState",
     "QueueConfig",
+    "QueueLimits",
     "QueueStats",
     "RescueReason",
     "Rescued",

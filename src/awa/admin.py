@@ -27,7 +27,7 @@ from awa.errors import ValidationError
 from awa.insert import unique_key
 from awa.kinds import args_to_json_value, dump_json
 from awa.model import JobRow, JobState, check_name, parse_state
-from awa.observability.queue_stats import QueueStats, queue_stats
+from awa.observability.queue_stats import HeldBack, QueueLimits, QueueStats, queue_stats
 from awa.periodic import (
     CronJob,
     delete_cron_job,
@@ -40,6 +40,8 @@ from awa.sql import query
 
 __all__ = [
     "CronJob",
+    "HeldBack",
+    "QueueLimits",
     "QueueStats",
     "cancel",
     "cancel_by_unique_key",

@@ -131,6 +131,7 @@ class CopyRowFormatter:
                 if job.deadline_duration is not None
                 else None
             ),
+            job.concurrency_key,
         )
 
 

@@ -58,6 +58,7 @@ from awa.transaction import (
     insert_prepared_async,
 )
 from awa.worker.cron import store_schedules
+from awa.worker.limits import store_limits
 from awa.worker.registry import TaskRegistry
 
 if TYPE_CHECKING:
@@ -285,9 +286,12 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
         """Start working ``queues``: ``[("email", 8), ...]`` (name, max handlers at once),
         a dict ``{"email": 8, "billing": {"max_workers": 2, "deadline_duration": 60}}``
         with per-queue options (max_workers, poll_interval, deadline_duration,
-        claim_batch_size, prefetch, retry=awa.RetryPolicy(...)), or None for every queue a
-        task declared. Exactly these queues are claimed from: other processes may run the
-        rest. ``options`` are runtime settings (see ``awa.RuntimeConfig``)."""
+        claim_batch_size, prefetch, retry=awa.RetryPolicy(...), and the flow controls
+        rate_limit=(per second, burst), global_max_running, key_concurrency, min_workers,
+        weight: docs/flow-control.md), or None for every queue a task declared. Exactly
+        these queues are claimed from: other processes may run the rest. ``options`` are
+        runtime settings (see ``awa.RuntimeConfig``), such as ``global_max_workers=N`` for
+        slots shared by weight."""
         from awa.worker.config import RuntimeConfig, parse_queues
         from awa.worker.runtime import Runtime
 
@@ -297,16 +301,20 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
             raise AwaError("register at least one task (@client.task) before start()")
         # Exactly the queues given: a fleet may split one task module across processes, each
         # running some of its queues (jobs of the others are claimed elsewhere).
-        configs = parse_queues(queues, self._tasks.queues())
+        config = RuntimeConfig.from_options(options)
+        configs = parse_queues(
+            queues, self._tasks.queues(), global_max_workers=config.global_max_workers
+        )
         async with self.connection() as conn:
             check_version(await drive_async(conn, schema_version_flow()))
             # Declared schedules are stored before anything runs (never deleting others').
             await store_schedules(conn, self._periodic.values(), self._insert_rules)
+            await store_limits(conn, configs)
         runtime = Runtime(
             self,
             self._tasks,
             configs,
-            RuntimeConfig.from_options(options),
+            config,
             hooks=self.hook_dispatcher,
             follow_ups=self._follow_ups,
         )

@@ -123,6 +123,7 @@ class PreparedJob:
     unique_states: int | None
     ordering_key: bytes | None
     deadline_duration: dt.timedelta | None
+    concurrency_key: str | None = None
 
     def recordset_json(self) -> str:
         """This job as one element of the ``insert_jobs`` JSON array (built without re-encoding
@@ -138,6 +139,7 @@ class PreparedJob:
                 "unique_key": self.unique_key.hex() if self.unique_key else None,
                 "unique_states": self.unique_states,
                 "ordering_key": self.ordering_key.hex() if self.ordering_key else None,
+                "concurrency_key": self.concurrency_key,
                 "deadline_seconds": (
                     self.deadline_duration.total_seconds()
                     if self.deadline_duration is not None
@@ -281,6 +283,7 @@ def _prepared(
         states,
         checked.ordering_key,
         checked.deadline_duration,
+        opts.concurrency_key,
     )
 
 
@@ -297,6 +300,7 @@ class InsertKwargs(TypedDict, total=False):
     unique_opts: UniqueOpts | Mapping[str, Any] | None
     ordering_key: bytes | str | None
     deadline_duration: float | dt.timedelta | None
+    concurrency_key: str | None
 
 
 _INSERT_KWARGS = frozenset(InsertKwargs.__annotations__)
@@ -345,6 +349,7 @@ def _split(kwargs: Mapping[str, Any]) -> tuple[str | None, InsertOpts]:
         unique=UniqueOpts.coerce(kwargs.get("unique_opts")),
         ordering_key=kwargs.get("ordering_key"),
         deadline_duration=kwargs.get("deadline_duration"),
+        concurrency_key=kwargs.get("concurrency_key"),
     )
     return kwargs.get("kind"), opts
 
@@ -463,6 +468,7 @@ def insert_one_flow(job: PreparedJob) -> Flow[JobRow]:
         "unique_states": job.unique_states,
         "ordering_key": job.ordering_key,
         "deadline_duration": job.deadline_duration,
+        "concurrency_key": job.concurrency_key,
     }
     rows = yield Statement(query("insert_job"), params, _rows)
     if not rows:
@@ -481,6 +487,7 @@ def _is_plain(job: PreparedJob) -> bool:
         and job.metadata_json == "{}"
         and job.ordering_key is None
         and job.deadline_duration is None
+        and job.concurrency_key is None
     )
 
 
@@ -615,4 +622,6 @@ def stored_job(
         None,
         None,
         None,
+        False,
+        job.concurrency_key,
     )

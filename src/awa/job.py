@@ -49,7 +49,7 @@ CALLBACK_RESULT_KEY = "_awa_callback_result"
 _ROW_FIELDS = tuple(field.name for field in dataclasses.fields(JobRow))
 _ROW_INDEX = {name: index for index, name in enumerate(_ROW_FIELDS)}
 _STATE = _ROW_INDEX["state"]
-_NO_REST: tuple[Any, ...] = (None,) * 10
+_NO_REST: tuple[Any, ...] = (None,) * 11
 
 
 def _from_epoch(seconds: float) -> dt.datetime:
@@ -239,6 +239,7 @@ class Job(Generic[A]):
             callback_on_complete,
             callback_on_fail,
             callback_transform,
+            concurrency_key,
         ) = self._rest
         return [
             self.id,
@@ -272,6 +273,7 @@ class Job(Generic[A]):
             self._progress,
             None,
             False,  # callback_in_handler: a claimed attempt is not waiting in its handler
+            concurrency_key,
         ]
 
     @property
@@ -283,6 +285,12 @@ class Job(Generic[A]):
         """The order jobs are claimed in: priority, then run_at, then id."""
         run_at = self._run_at
         return (self.priority, run_at if isinstance(run_at, float) else run_at.timestamp(), self.id)
+
+    @property
+    def concurrency_key(self) -> str | None:
+        """The key whose running jobs the queue's ``key_concurrency`` limits (None: none)."""
+        key: str | None = self._rest[10]
+        return key
 
     @property
     def created_at(self) -> dt.datetime:

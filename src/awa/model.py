@@ -168,6 +168,7 @@ class InsertOpts:
     unique: UniqueOpts | None = None
     ordering_key: bytes | str | None = None
     deadline_duration: float | dt.timedelta | None = None
+    concurrency_key: str | None = None
 
     def validated(self) -> InsertOpts:
         """Check every option against its limit; returns self or raises ValidationError."""
@@ -190,6 +191,8 @@ class InsertOpts:
             check_encodable("ordering_key", self.ordering_key)
         if self.deadline_duration is not None:
             to_timedelta(self.deadline_duration, "deadline_duration")
+        if self.concurrency_key is not None:
+            check_name("concurrency_key", self.concurrency_key)
         return self
 
 
@@ -335,6 +338,9 @@ class EnqueueRequest(Generic[A]):
     def ordering_key(self, key: bytes | str) -> EnqueueRequest[A]:
         return self._with(ordering_key=key)
 
+    def concurrency_key(self, key: str) -> EnqueueRequest[A]:
+        return self._with(concurrency_key=key)
+
     def with_opts(self, opts: InsertOpts) -> EnqueueRequest[A]:
         """Replace every option, including ones set earlier in the chain."""
         if not isinstance(opts, InsertOpts):
@@ -402,6 +408,7 @@ class JobRow:
     progress: dict[str, Any] | None
     output: Any
     callback_in_handler: bool = False
+    concurrency_key: str | None = None
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> JobRow:

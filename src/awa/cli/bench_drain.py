@@ -7,6 +7,12 @@
   in its transaction.
 - ``drain-staged``: every handler stages one follow-up with ``job.enqueue_on_completion``.
 - ``drain-2proc``: ``drain`` with a second worker process on the same queue.
+- ``drain-beside-limits``: ``drain`` while the worker also runs a queue with every
+  fleet-wide limit (a queue without limits must not pay for them).
+- ``drain-capped``: the queue has ``global_max_running=16``.
+- ``drain-keys``: the jobs spread over 100 concurrency keys, ``key_concurrency=2``.
+- ``drain-rated``: the queue has ``rate_limit=(2000, 200)``; ``rate_vs_limit`` says how
+  close the drain came to the limit.
 
 The jobs wait in a paused queue while the workers start; the clock starts when the queue is
 resumed and stops when every job is committed as completed.
@@ -26,9 +32,23 @@ from rich.progress import Progress
 import awa
 from awa.sql import query
 
-DRAIN_VARIANTS = ("drain", "drain-hook", "drain-followup", "drain-staged", "drain-2proc")
+DRAIN_VARIANTS = (
+    "drain",
+    "drain-hook",
+    "drain-followup",
+    "drain-staged",
+    "drain-2proc",
+    "drain-beside-limits",
+    "drain-capped",
+    "drain-keys",
+    "drain-rated",
+)
 FOLLOW_UP_QUEUE = "bench-followups"  # nobody works it: follow-ups stay put
 QUEUE = "default"
+LIMITED_QUEUE = "bench-limited"  # drain-beside-limits: limits on a queue with no jobs
+CAP = 16
+KEYS = 100
+RATE = (2000.0, 200)
 
 
 @dataclasses.dataclass
@@ -88,6 +108,32 @@ def drain_client(url: str, variant: str) -> awa.AsyncClient:
     return client
 
 
+def queues_of(variant: str, concurrency: int) -> dict[str, dict[str, Any]]:
+    """``start()``'s queues for ``variant``."""
+    options: dict[str, Any] = {"max_workers": concurrency}
+    if variant == "drain-capped":
+        options["global_max_running"] = CAP
+    elif variant == "drain-keys":
+        options["key_concurrency"] = 2
+    elif variant == "drain-rated":
+        options["rate_limit"] = RATE
+    queues = {QUEUE: options}
+    if variant == "drain-beside-limits":
+        queues[LIMITED_QUEUE] = {
+            "max_workers": 4,
+            "rate_limit": (100.0, 10),
+            "global_max_running": 2,
+            "key_concurrency": 1,
+        }
+    return queues
+
+
+def jobs_of(variant: str, jobs: int) -> list[Any]:
+    if variant == "drain-keys":
+        return [awa.EnqueueRequest(Noop(n)).concurrency_key(f"key-{n % KEYS}") for n in range(jobs)]
+    return [Noop(n) for n in range(jobs)]
+
+
 async def _wait_until_done(
     client: awa.AsyncClient, jobs: int, processes: int, progress: Progress, task: Any
 ) -> None:
@@ -133,7 +179,7 @@ async def bench_drain(
     try:
         await reset(client)
         await client.pause_queue(QUEUE)
-        await client.insert_many_copy([Noop(n) for n in range(jobs)])
+        await client.insert_many_copy(jobs_of(variant, jobs))
         async with client.connection() as conn:
             await conn.execute(query("bench_vacuum"))
             commits_before = await stat(conn, "bench_commits")
@@ -141,7 +187,7 @@ async def bench_drain(
             second = context.Process(target=_second_worker, args=(url, concurrency, ready, stop))
             second.start()
             await asyncio.to_thread(ready.wait, 60)
-        await client.start({QUEUE: {"max_workers": concurrency}})
+        await client.start(queues_of(variant, concurrency))
         task = progress.add_task(f"{variant} x{concurrency}", total=jobs)
         started = time.perf_counter()
         await client.resume_queue(QUEUE)
@@ -162,4 +208,6 @@ async def bench_drain(
     if completed != jobs:
         raise awa.AwaError(f"{variant}: {completed} of {jobs} jobs are completed in the table")
     extra = {"commits_per_job": commits / jobs, "dead_tuples": dead, "processes": processes}
+    if variant == "drain-rated":
+        extra["rate_vs_limit"] = jobs / elapsed / RATE[0]
     return Result(variant, jobs, elapsed, extra)

@@ -171,6 +171,8 @@ def to_jsonable(value: Any) -> Any:
             "oldest_available_age": lag_seconds(value),
             "paused": value.paused,
             "paused_by": value.paused_by,
+            "limits": to_jsonable(value.limits),
+            "held_back": {**to_jsonable(value.held_back), "total": value.held_back.total},
         }
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {

@@ -32,9 +32,12 @@ _STATS_STATES += [JobState.WAITING_EXTERNAL, JobState.FAILED]
 @json_option
 @pass_client
 def queue_stats(client: awa.Client, as_json: bool) -> None:
-    """Jobs per queue and state, the age of the oldest available job, and pause status.
+    """Jobs per queue and state, the age of the oldest available job, pause status, and
+    the fleet-wide flow limits with the due jobs each holds back now.
 
-    WAITING counts jobs parked on a callback. Completed and cancelled counts are in --json.
+    WAITING counts jobs parked on a callback. LIMITS shows rate/burst per second, the cap
+    on running jobs (cap) and the per-key limit (key); HELD BACK counts due jobs a limit
+    keeps waiting. Completed and cancelled counts are in --json.
     """
     stats = client.queue_stats()
     if as_json:
@@ -45,14 +48,42 @@ def queue_stats(client: awa.Client, as_json: bool) -> None:
         return
     counted = [state.value.split("_")[0].upper() for state in _STATS_STATES]
     headers = ["QUEUE", *counted, "OLDEST AVAILABLE", "PAUSED"]
+    limited = any(entry.limits is not None for entry in stats)
+    if limited:
+        headers += ["LIMITS", "HELD BACK"]
     rows = []
     for entry in stats:
         paused = "no"
         if entry.paused:
             paused = f"yes (by {entry.paused_by})" if entry.paused_by else "yes"
         counts = [entry.count(state) for state in _STATS_STATES]
-        rows.append([entry.queue, *counts, format_age(lag_seconds(entry)), paused])
+        row = [entry.queue, *counts, format_age(lag_seconds(entry)), paused]
+        if limited:
+            row += [_describe_limits(entry.limits), _describe_held(entry.held_back)]
+        rows.append(row)
     print_table(headers, rows)
+
+
+def _describe_limits(limits: awa.QueueLimits | None) -> str:
+    if limits is None:
+        return "-"
+    parts = []
+    if limits.rate is not None:
+        parts.append(f"rate {limits.rate:g}/s burst {limits.burst}")
+    if limits.global_max_running is not None:
+        parts.append(f"cap {limits.global_max_running}")
+    if limits.key_concurrency is not None:
+        parts.append(f"key {limits.key_concurrency}")
+    return ", ".join(parts)
+
+
+def _describe_held(held: awa.HeldBack) -> str:
+    parts = [
+        f"{count} by {name}"
+        for name, count in (("rate", held.rate), ("cap", held.cap), ("keys", held.keys))
+        if count
+    ]
+    return ", ".join(parts) or "0"
 
 
 def _default_pauser() -> str | None:

@@ -97,7 +97,9 @@ def _runtime_options(command: Any) -> Any:
     show_envvar=True,
     metavar="QUEUE.KEY=VALUE",
     help="A setting of one queue (repeatable): max_workers, poll_interval, deadline_duration "
-    "(0: none), claim_batch_size, prefetch, retry.base, retry.jitter, retry.max_delay.",
+    "(0: none), claim_batch_size, prefetch, retry.base, retry.jitter, retry.max_delay, and "
+    "flow control: rate_limit (RATE or RATE/BURST), global_max_running, key_concurrency, "
+    "min_workers, weight.",
 )
 @click.option(
     "--config",

@@ -139,6 +139,7 @@ def staged_size(job: PreparedJob) -> int:
     size = len(job.kind.encode()) + len(job.queue.encode())
     size += len(job.args_json.encode()) + len(job.metadata_json.encode())
     size += sum(len(tag.encode()) for tag in job.tags)
+    size += len(job.concurrency_key.encode()) if job.concurrency_key is not None else 0
     return size + (len(job.ordering_key) if job.ordering_key is not None else 0)
 
 

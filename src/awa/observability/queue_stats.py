@@ -1,4 +1,5 @@
-"""Per queue: jobs by state, the age of the oldest available job, and pause status."""
+"""Per queue: jobs by state, the age of the oldest available job, pause status, and the
+fleet-wide flow limits with the jobs they hold back."""
 
 from __future__ import annotations
 
@@ -12,6 +13,31 @@ from awa.sql import query
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class QueueLimits:
+    """The fleet-wide limits of a queue, as the worker that started last configured them."""
+
+    rate: float | None
+    burst: int | None
+    global_max_running: int | None
+    key_concurrency: int | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HeldBack:
+    """Due available jobs a limit keeps from starting right now: those whose key is at its
+    limit (``keys``), and the others while the queue is at its cap (``cap``) or its token
+    bucket is empty (``rate``)."""
+
+    rate: int = 0
+    cap: int = 0
+    keys: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.rate + self.cap + self.keys
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class QueueStats:
     """Counts by state for one queue, and how long its oldest available job has waited."""
 
@@ -21,6 +47,8 @@ class QueueStats:
     oldest_available_age: float | None
     paused: bool
     paused_by: str | None
+    limits: QueueLimits | None = None
+    held_back: HeldBack = HeldBack()
 
     def count(self, state: JobState | str) -> int:
         return self.counts.get(parse_state(state), 0)
@@ -38,6 +66,13 @@ class QueueStats:
         return sum(self.counts.values())
 
 
+def _limits(row: dict[str, Any]) -> QueueLimits | None:
+    values = (row["rate"], row["burst"], row["max_running"], row["key_concurrency"])
+    if all(value is None for value in values):
+        return None
+    return QueueLimits(*values)
+
+
 def decode_queue_stats(rows: list[dict[str, Any]]) -> list[QueueStats]:
     return [
         QueueStats(
@@ -47,6 +82,12 @@ def decode_queue_stats(rows: list[dict[str, Any]]) -> list[QueueStats]:
             oldest_available_age=row["oldest_available_age"],
             paused=row["paused"],
             paused_by=row["paused_by"],
+            limits=_limits(row),
+            held_back=HeldBack(
+                rate=int(row["held_by_rate"]),
+                cap=int(row["held_by_cap"]),
+                keys=int(row["held_by_keys"]),
+            ),
         )
         for row in rows
     ]

@@ -161,6 +161,7 @@ class CompletionBatcher:
         self._idle = asyncio.Event()
         self._idle.set()
         self._closing = False
+        self._urgent = False
         self._give_up_at = math.inf
         self._failures = FailureLog(log, "completing jobs")
         self._task: asyncio.Task[None] | None = None
@@ -172,8 +173,11 @@ class CompletionBatcher:
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="awa-completer")
 
-    def add(self, job: Job[Any], duration: float) -> None:
+    def add(self, job: Job[Any], duration: float, *, urgent: bool = False) -> None:
+        """Queue a completion; ``urgent``: flush without lingering for others (its job holds
+        a place under a cap until the completion commits)."""
         self._pending.append((job, duration))
+        self._urgent = self._urgent or urgent
         self._idle.clear()
         self._wakeup.set()
 
@@ -211,8 +215,13 @@ class CompletionBatcher:
                 if self._closing:
                     return
                 continue
-            if len(self._pending) < self._batch_size and not self._closing and self._linger:
+            if (
+                len(self._pending) < self._batch_size
+                and not (self._closing or self._urgent)
+                and self._linger
+            ):
                 await asyncio.sleep(self._linger)
+            self._urgent = False
             batch = self._pending[: self._batch_size]
             try:
                 async with asyncio.timeout_at(self._deadline()):

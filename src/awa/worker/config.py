@@ -54,6 +54,15 @@ class QueueConfig:
     quick (it shrinks to nothing for slow handlers), which saves round trips on busy queues
     of short jobs; 0 turns it off. ``poll_interval`` is the fallback when no notification
     arrives. ``deadline_duration`` bounds each attempt (0 means no deadline).
+
+    Flow control across every worker running the queue (see docs/flow-control.md):
+    ``rate_limit=(rate, burst)`` starts at most ``rate`` jobs per second (``burst`` at once;
+    0 means ``max(ceil(rate), 1)``), ``global_max_running`` caps the jobs running at once,
+    and ``key_concurrency`` caps the running jobs that share a ``concurrency_key``.
+
+    In this process's weighted mode (``start(global_max_workers=N)``), ``min_workers`` is the
+    queue's guaranteed share of the N slots and ``weight`` its part of the rest; a queue with
+    ``min_workers`` set is weighted, one without keeps its own ``max_workers``.
     """
 
     name: str
@@ -63,10 +72,31 @@ class QueueConfig:
     claim_batch_size: int = 256
     prefetch: int = -1  # -1: default (4 x max_workers)
     retry: RetryPolicy = RetryPolicy()
+    rate_limit: tuple[float, int] | None = None
+    global_max_running: int | None = None
+    key_concurrency: int | None = None
+    min_workers: int | None = None
+    weight: int = 1
 
     def __post_init__(self) -> None:
         check_name("queue", self.name)
         _positive_int(self.max_workers, f"queue {self.name!r}: max_workers")
+        if self.rate_limit is not None:
+            object.__setattr__(self, "rate_limit", _rate_limit(self.rate_limit, self.name))
+        for field in ("global_max_running", "key_concurrency"):
+            value = getattr(self, field)
+            if value is not None:
+                _positive_int(value, f"queue {self.name!r}: {field}")
+        if self.min_workers is not None and (
+            isinstance(self.min_workers, bool)
+            or not isinstance(self.min_workers, int)
+            or self.min_workers < 0
+        ):
+            raise ValidationError(
+                f"queue {self.name!r}: min_workers must be an integer >= 0, "
+                f"got {self.min_workers!r}"
+            )
+        _positive_int(self.weight, f"queue {self.name!r}: weight")
         object.__setattr__(
             self,
             "poll_interval",
@@ -81,7 +111,12 @@ class QueueConfig:
         )
         _positive_int(self.claim_batch_size, f"queue {self.name!r}: claim_batch_size")
         if self.prefetch == -1:
-            object.__setattr__(self, "prefetch", 4 * self.max_workers)
+            # Prefetched jobs are running in the database while they wait here: under a cap
+            # they would hold places other workers could use, and under weights a share.
+            # (Under a per-key limit they hold their key's place for the prefetch window,
+            # a few handler durations at most, which other keys do not notice.)
+            holds = self.global_max_running is not None or self.min_workers is not None
+            object.__setattr__(self, "prefetch", 0 if holds else 4 * self.max_workers)
         if (
             isinstance(self.prefetch, bool)
             or not isinstance(self.prefetch, int)
@@ -90,6 +125,41 @@ class QueueConfig:
             raise ValidationError(f"queue {self.name!r}: prefetch must be >= 0")
         if not isinstance(self.retry, RetryPolicy):
             raise ValidationError(f"queue {self.name!r}: retry must be an awa.RetryPolicy")
+
+    @property
+    def limited(self) -> bool:
+        """Whether claims of this queue go through the fleet-wide limits."""
+        return (
+            self.rate_limit is not None
+            or self.global_max_running is not None
+            or self.key_concurrency is not None
+        )
+
+    @property
+    def weighted(self) -> bool:
+        return self.min_workers is not None
+
+
+def _rate_limit(value: object, queue: str) -> tuple[float, int]:
+    """``(rate, burst)``, a bare rate, or a list from a TOML file, as ``(rate, burst)``."""
+    where = f"queue {queue!r}: rate_limit"
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        value = (value, 0)
+    if not (isinstance(value, tuple | list) and len(value) == 2):
+        raise ValidationError(
+            f"{where} must be a (jobs per second, burst) pair or a number, got {value!r}"
+        )
+    rate, burst = value
+    if (
+        isinstance(rate, bool)
+        or not isinstance(rate, int | float)
+        or not math.isfinite(rate)
+        or rate <= 0
+    ):
+        raise ValidationError(f"{where}: the rate must be a number of jobs per second > 0")
+    if isinstance(burst, bool) or not isinstance(burst, int) or burst < 0:
+        raise ValidationError(f"{where}: the burst must be an integer >= 0 (0: the rate)")
+    return float(rate), burst or max(math.ceil(rate), 1)
 
 
 _QUEUE_KEYS = frozenset(
@@ -100,13 +170,22 @@ _QUEUE_KEYS = frozenset(
 def parse_queues(
     queues: Iterable[tuple[str, int]] | Mapping[str, int | Mapping[str, Any]] | None,
     declared: Iterable[str],
+    *,
+    global_max_workers: int | None = None,
 ) -> list[QueueConfig]:
     """Queue configs from ``start()``'s argument: ``[("email", 8), ...]`` or
     ``{"email": 8, "billing": {"max_workers": 2, "deadline_duration": 60}}``; None runs
-    every queue a task declared, with default settings."""
+    every queue a task declared, with default settings.
+
+    With ``global_max_workers``, a queue given as a dict without ``max_workers`` (or not
+    given at all, with None) is weighted: it shares the N slots, with ``min_workers``
+    (default 0) guaranteed. A queue given a ``max_workers`` keeps it, apart from the N.
+    """
+    weighted = global_max_workers is not None
     configs: list[QueueConfig] = []
     if queues is None:
-        configs = [QueueConfig(name) for name in dict.fromkeys(declared)]
+        defaults: dict[str, Any] = {"min_workers": 0} if weighted else {}
+        configs = [QueueConfig(name, **defaults) for name in dict.fromkeys(declared)]
     elif isinstance(queues, Mapping):
         for name, spec in queues.items():
             if isinstance(spec, Mapping):
@@ -116,6 +195,13 @@ def parse_queues(
                         f"queue {name!r}: unknown option(s) {unknown}; "
                         f"expected {sorted(_QUEUE_KEYS)}"
                     )
+                if "max_workers" in spec and spec.get("min_workers") is not None:
+                    raise ValidationError(
+                        f"queue {name!r}: give max_workers (a fixed number of slots) or "
+                        "min_workers (a weighted share of global_max_workers), not both"
+                    )
+                if weighted and "max_workers" not in spec and spec.get("min_workers") is None:
+                    spec = {**spec, "min_workers": 0}
                 configs.append(QueueConfig(name, **spec))
             else:
                 configs.append(QueueConfig(name, max_workers=spec))
@@ -135,7 +221,36 @@ def parse_queues(
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
         raise ValidationError(f"queue(s) configured twice: {duplicates}")
+    _check_weights(configs, global_max_workers)
     return configs
+
+
+def _check_weights(configs: list[QueueConfig], global_max_workers: int | None) -> None:
+    weighted = [config for config in configs if config.weighted]
+    if global_max_workers is None:
+        if weighted:
+            raise ValidationError(
+                f"queue(s) {[config.name for config in weighted]} set min_workers, which "
+                "needs start(global_max_workers=N): the slots they share"
+            )
+        stray = [config.name for config in configs if config.weight != 1]
+        if stray:
+            raise ValidationError(
+                f"queue(s) {stray} set a weight, which needs start(global_max_workers=N)"
+            )
+        return
+    reserved = sum(config.min_workers or 0 for config in weighted)
+    if reserved > global_max_workers:
+        raise ValidationError(
+            f"the weighted queues' min_workers add up to {reserved}, more than "
+            f"global_max_workers={global_max_workers}"
+        )
+    stray = [config.name for config in configs if not config.weighted and config.weight != 1]
+    if stray:
+        raise ValidationError(
+            f"queue(s) {stray} have max_workers and a weight: a weight applies only to "
+            "weighted queues (give min_workers instead of max_workers)"
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -167,6 +282,11 @@ class RuntimeConfig:
     cancel_grace: float | None = 5.0
     # Seconds between the leader's evaluations of periodic-job schedules.
     cron_interval: float = 1.0
+    # Weighted mode: the slots this process shares among its weighted queues (None: off).
+    global_max_workers: int | None = None
+    # Seconds an available job waits before the leader raises its priority one level (lowers
+    # the number, down to 1), so that urgent jobs cannot starve it for ever; 0: no aging.
+    priority_aging_interval: float = 60.0
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> RuntimeConfig:
@@ -218,6 +338,15 @@ class RuntimeConfig:
             )
         if self.sync_handler_threads is not None:
             _positive_int(self.sync_handler_threads, "sync_handler_threads")
+        if self.global_max_workers is not None:
+            _positive_int(self.global_max_workers, "global_max_workers")
+        object.__setattr__(
+            self,
+            "priority_aging_interval",
+            _positive_seconds(
+                self.priority_aging_interval, "priority_aging_interval", allow_zero=True
+            ),
+        )
         if self.heartbeat_staleness < 2 * self.heartbeat_interval:
             raise ValidationError(
                 "heartbeat_staleness must be at least twice heartbeat_interval, or healthy "

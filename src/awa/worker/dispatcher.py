@@ -4,6 +4,10 @@ The dispatcher claims jobs in batches sized to what the queue can take: the free
 slots, plus a prefetch allowance while handlers are quick. Claimed jobs wait in a local
 buffer for a slot, most urgent first. It wakes on a notification for its queue, when a slot
 frees up while more jobs may wait, or at its poll interval.
+
+A weighted queue (``start(global_max_workers=N)``) takes its slots from the process's
+``WeightedPool`` before each claim and gives back what the claim did not fill. A claim held
+back by a fleet-wide limit (rate, cap, per-key) says when to ask again.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from awa.errors import AwaError
 from awa.job import Job
 from awa.worker.config import QueueConfig
 from awa.worker.outage import FailureLog
+from awa.worker.weighted_pool import WeightedPool
 
 log = logging.getLogger("awa.worker")
 
@@ -37,11 +42,13 @@ class QueueDispatcher:
         self,
         config: QueueConfig,
         *,
-        claim: Callable[[QueueConfig, int], Awaitable[list[Job[Any]]]],
+        claim: Callable[[QueueConfig, int], Awaitable[tuple[list[Job[Any]], float | None]]],
         execute: Callable[[Job[Any], QueueConfig], Awaitable[None]],
         backlogged: Callable[[], bool],
+        pool: WeightedPool | None = None,
     ) -> None:
         self.config = config
+        self._pool = pool if pool is not None and config.name in pool else None
         self._claim = claim
         self._execute = execute
         self._backlogged = backlogged
@@ -64,6 +71,26 @@ class QueueDispatcher:
         # freeing up then has nothing to claim (a job inserted since sends a notification),
         # and claiming anyway would cost a round trip per job at low load.
         self._more_waiting = True
+        # Waiting for a fleet-wide limit to lift: a slot freeing up does not lift it.
+        self._held = False
+        # Under a cap or a per-key limit a job stops counting when its outcome commits,
+        # which for a batched completion is after its slot is free: the runtime calls
+        # room_freed() then. Under a cap a free slot alone does not claim (the cap is
+        # reached until the commit); under a per-key limit it does (other keys may wait).
+        self._counts_until_commit = (
+            config.global_max_running is not None or config.key_concurrency is not None
+        )
+        self._slot_free_claims = config.global_max_running is None
+        # Room freed while a claim ran, which that claim may not have seen.
+        self._freed_since_claim = False
+        # Under a cap: jobs whose handler finished and whose completion has not committed
+        # (they still count as running). A claim waits until at most half the cap is in
+        # flight here, so that claims and completions keep batching: claiming as each
+        # single completion commits would settle into one claim and one commit per job.
+        self._uncommitted = 0
+        self._half_cap = (
+            config.global_max_running // 2 if config.global_max_running is not None else None
+        )
         self.claimed = 0
 
     @property
@@ -87,6 +114,23 @@ class QueueDispatcher:
         self._more_waiting = True
         self._wake.set()
 
+    @property
+    def counts_until_commit(self) -> bool:
+        """Whether its jobs count against a fleet-wide limit until their outcome commits."""
+        return self._counts_until_commit
+
+    def awaiting_commit(self) -> None:
+        """A job of this queue finished its handler; its completion is still to commit."""
+        self._uncommitted += 1
+
+    def room_freed(self, committed: int = 0) -> None:
+        """Slots or limits came free elsewhere (``committed`` completions of this queue, a
+        slot of the weighted pool): claim again if jobs were left waiting."""
+        self._uncommitted = max(0, self._uncommitted - committed)
+        self._freed_since_claim = True
+        if self._more_waiting:
+            self._wake.set()
+
     def _prefetch_allowance(self) -> int:
         cap = self.config.prefetch
         if cap == 0 or self._mean_duration is None:
@@ -102,11 +146,16 @@ class QueueDispatcher:
         room = self.config.max_workers + allowance - self._running - buffered
         if room <= 0:
             return 0
+        if self._half_cap is not None and (
+            self._running + buffered + self._uncommitted > self._half_cap
+        ):
+            return 0
         free_slots = self.config.max_workers - self._running
         # Claim at once when a slot would otherwise idle; otherwise refill the prefetch
         # buffer only once it runs low, so claims stay large.
         if (buffered == 0 and free_slots > 0) or buffered < allowance // 2:
-            return min(room, self.config.claim_batch_size)
+            size = min(room, self.config.claim_batch_size)
+            return size if self._pool is None else self._pool.acquire(self.config.name, size)
         return 0
 
     async def _dispatch(self) -> None:
@@ -118,10 +167,13 @@ class QueueDispatcher:
                 # This claim tells whether more jobs wait; a notification arriving while it
                 # runs sets the flag again, and the claim's result must not erase that.
                 self._more_waiting = False
+                self._freed_since_claim = False
                 try:
-                    jobs = await self._claim(self.config, size)
+                    jobs, retry_after = await self._claim(self.config, size)
                 except Exception as error:
                     self._more_waiting = True
+                    if self._pool is not None:
+                        self._pool.release(self.config.name, size)
                     # Whatever it is (database down, schema not migrated yet, a bug), the
                     # dispatcher must survive it: a dead dispatcher claims nothing, silently.
                     self._failures.failed(
@@ -137,6 +189,22 @@ class QueueDispatcher:
                 for job in jobs:
                     self._ready.put_nowait((job._claim_order, job))
                 self.claimed += len(jobs)
+                if self._pool is not None and len(jobs) < size:
+                    # The queue ran dry unless a limit held jobs back.
+                    self._pool.release(
+                        self.config.name, size - len(jobs), satisfied=retry_after is None
+                    )
+                if retry_after is not None:
+                    # A fleet-wide limit held jobs back: they wait, ask again when it lifts
+                    # (at once if room came free during the claim).
+                    self._more_waiting = True
+                    if self._freed_since_claim:
+                        await asyncio.sleep(0)  # let slots start the claimed jobs
+                        continue
+                    self._held = True
+                    await self._idle(min(retry_after, self.config.poll_interval))
+                    self._held = False
+                    continue
                 if len(jobs) == size:
                     self._more_waiting = True
                     await asyncio.sleep(0)  # let slots start before claiming more
@@ -163,10 +231,17 @@ class QueueDispatcher:
                 await self._execute(job, self.config)
             finally:
                 self._running -= 1
+                if self._pool is not None:
+                    self._pool.release(self.config.name)
                 elapsed = time.perf_counter() - started
                 mean = self._mean_duration
                 self._mean_duration = elapsed if mean is None else mean * 0.9 + elapsed * 0.1
-                if self._more_waiting and ready.qsize() <= self._prefetch_allowance() // 2:
+                if (
+                    self._more_waiting
+                    and self._slot_free_claims
+                    and not self._held
+                    and ready.qsize() <= self._prefetch_allowance() // 2
+                ):
                     self._wake.set()
 
     async def stop_claiming(self, grace: float = STOP_GRACE) -> list[Job[Any]]:

@@ -4,7 +4,9 @@ maintenance, started together and shut down in order."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import dataclasses
 import datetime as dt
 import functools
 import logging
@@ -14,7 +16,6 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol, TypeVar, cast
 
 import psycopg
-from psycopg.rows import tuple_row
 
 from awa.db import Statement, run_async, translate_errors
 from awa.errors import AwaError, DatabaseError
@@ -31,7 +32,7 @@ from awa.model import JobRow, JobState
 from awa.observability import metrics
 from awa.observability.health import RuntimeHealth
 from awa.sql import query
-from awa.worker import results
+from awa.worker import limits, results
 from awa.worker.attempts import InFlight
 from awa.worker.completer import CLOSE_TIMEOUT, CompletionBatcher, Done, completed_row
 from awa.worker.config import QueueConfig, RuntimeConfig
@@ -60,6 +61,7 @@ from awa.worker.presence import Presence
 from awa.worker.registry import TaskRegistry
 from awa.worker.rescue import SWEEPS, Rescue, after_rescue, rescue_duty, retention_duty
 from awa.worker.results import Outcome
+from awa.worker.weighted_pool import WeightedPool
 
 
 class RuntimeHost(Protocol):
@@ -99,6 +101,16 @@ class Runtime:
         self._follow_ups = follow_ups
         self.registry = registry
         self.config = config
+        self.pool: WeightedPool | None = None
+        if config.global_max_workers is not None:
+            self.pool = WeightedPool(config.global_max_workers, queues)
+            # A weighted queue may use its minimum and the whole overflow: that many slots.
+            queues = [
+                dataclasses.replace(queue, max_workers=self.pool.ceiling(queue.name))
+                if queue.weighted
+                else queue
+                for queue in queues
+            ]
         self.queues = queues
         self.inflight = InFlight()
         self._callback_waiters: dict[int, asyncio.Event] = {}
@@ -118,9 +130,14 @@ class Runtime:
                 claim=self._claim,
                 execute=self._execute,
                 backlogged=self._completions_backlogged,
+                pool=self.pool,
             )
             for queue in queues
         }
+        if self.pool is not None:
+            for name, dispatcher in self._dispatchers.items():
+                if name in self.pool:
+                    self.pool.on_free(name, dispatcher.room_freed)
         self._completer = CompletionBatcher(
             host.connection,
             flush=functools.partial(flush_with_follow_ups, self._finalizer),
@@ -278,6 +295,8 @@ class Runtime:
         ]
         duties.append(runtime_expiry_duty(config.cleanup_interval))
         duties.append(cron_duty(config.cron_interval))
+        if config.priority_aging_interval > 0:
+            duties.append(limits.aging_duty(config.priority_aging_interval))
         if config.vacuum_interval > 0:
             duties.append(vacuum_duty(config.vacuum_interval, config.vacuum_threshold))
         return duties
@@ -401,25 +420,16 @@ class Runtime:
 
     # Claim, execute, finalize ------------------------------------------------------------
 
-    async def _claim(self, queue: QueueConfig, limit: int) -> list[Job[Any]]:
-        params = {
-            "queue": queue.name,
-            "limit": limit,
-            "deadline": dt.timedelta(seconds=queue.deadline_duration),
-        }
+    async def _claim(self, queue: QueueConfig, limit: int) -> tuple[list[Job[Any]], float | None]:
         with translate_errors():
-            async with (
-                self._host.connection() as conn,
-                conn.cursor(row_factory=tuple_row, binary=True) as cursor,
-            ):
-                await cursor.execute(query("claim_jobs"), params)
-                rows = await cursor.fetchall()
-        jobs = [Job.from_claim(row, self) for row in rows]
+            async with self._host.connection() as conn:
+                claimed = await limits.claim(conn, queue, limit)
+        jobs = [Job.from_claim(row, self) for row in claimed.rows]
         for job in jobs:
             self.inflight.add(job)
         if jobs:
             metrics.claimed.add(len(jobs), {metrics.QUEUE: queue.name})
-        return jobs
+        return jobs, claimed.retry_after
 
     async def _execute(self, job: Job[Any], queue: QueueConfig) -> None:
         task = self.registry.get(job.kind)
@@ -447,7 +457,11 @@ class Runtime:
     async def _finalize(self, job: Job[Any], outcome: Outcome, queue: QueueConfig) -> None:
         if isinstance(outcome, results.Completed):
             # Completions are committed in batches, follow-ups and all (follow_up_batch.py).
-            self._completer.add(job, outcome.duration)
+            # Under a cap the next job waits for this commit: no lingering for company.
+            urgent = queue.global_max_running is not None
+            if urgent:
+                self._dispatchers[job.queue].awaiting_commit()
+            self._completer.add(job, outcome.duration, urgent=urgent)
             return
         await self._commit_alone(job, outcome, queue)
 
@@ -462,6 +476,9 @@ class Runtime:
         dispatch it. ``failed``: its follow-ups failed already, in a completion batch."""
         committed = await self._commit(job, outcome, queue, failed)
         self.inflight.remove(job)
+        dispatcher = self._dispatchers.get(job.queue)
+        if dispatcher is not None and dispatcher.counts_until_commit:
+            dispatcher.room_freed()
         if committed is None:
             metrics.stale.add(1, {metrics.KIND: job.kind, metrics.QUEUE: job.queue})
             log.debug(
@@ -538,6 +555,7 @@ class Runtime:
         return self._completer.pending > 4 * self.config.completion_batch_size
 
     def _completions_done(self, done: list[Done]) -> None:
+        self._room_freed(done)
         completed = []
         hooks = self._hooks
         for item in done:
@@ -566,6 +584,15 @@ class Runtime:
                 hooks.dispatch(event, task.args_type if task is not None else None)
         self.completed += len(completed)
         metrics.count_by_kind(metrics.completed, completed)
+
+    def _room_freed(self, done: list[Done]) -> None:
+        """Tell the dispatchers of queues whose jobs count until they commit (a cap, a
+        per-key limit) how many of theirs left the batcher."""
+        by_queue = collections.Counter(item.job.queue for item in done)
+        for name, count in by_queue.items():
+            dispatcher = self._dispatchers.get(name)
+            if dispatcher is not None and dispatcher.counts_until_commit:
+                dispatcher.room_freed(count)
 
     def _queue(self, job: Job[Any]) -> QueueConfig:
         return self._dispatchers[job.queue].config

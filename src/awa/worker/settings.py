@@ -55,6 +55,10 @@ RUNTIME_HELP: dict[str, str] = {
     "cron_interval": "Seconds between the leader's evaluations of periodic-job schedules.",
     "cancel_grace": "Seconds a cancelled or rescued async handler has before it is "
     "interrupted ('none': never interrupt).",
+    "global_max_workers": "Handler slots shared by weight among the queues given min_workers "
+    "('none': every queue keeps its max_workers).",
+    "priority_aging_interval": "Seconds an available job waits before the leader raises its "
+    "priority one level (0: no aging).",
 }
 
 QUEUE_KEYS = frozenset(
@@ -85,6 +89,15 @@ def parse_value(name: str, text: str) -> Any:
     optional = kind.endswith("| None")
     if optional and text.strip().lower() in ("none", "off", ""):
         return None
+    if name == "rate_limit":
+        # "50" (per second, burst 50) or "50/10" (burst 10).
+        rate, _, burst = text.partition("/")
+        try:
+            return (float(rate), int(burst) if burst.strip() else 0)
+        except ValueError:
+            raise ValidationError(
+                f"rate_limit must be 'RATE' or 'RATE/BURST' (jobs per second, burst), got {text!r}"
+            ) from None
     try:
         if kind.startswith("int"):
             return int(text)

@@ -157,16 +157,38 @@ WITH drained AS (
 SELECT count(*) AS count FROM drained
 
 -- name: queue_stats
--- Per queue: counts by state, and the age of the oldest job waiting to be claimed.
+-- Per queue: counts by state, the age of the oldest job waiting to be claimed, and the
+-- fleet-wide limits with the due jobs each holds back right now: a key at its limit holds
+-- that key's jobs; a queue at its cap, or with an empty token bucket, holds the rest.
 WITH counts AS (
     SELECT queue, state, count(*) AS n FROM awa.jobs GROUP BY queue, state
 ), per_queue AS (
     SELECT queue, jsonb_object_agg(state, n) AS counts FROM counts GROUP BY queue
 ), oldest AS (
-    SELECT queue, min(run_at) AS oldest_run_at
+    SELECT queue, min(run_at) AS oldest_run_at, count(*) FILTER (WHERE run_at <= now()) AS due
     FROM awa.jobs WHERE state = 'available' GROUP BY queue
+), limits AS (
+    SELECT l.*,
+           CASE WHEN l.rate IS NOT NULL THEN least(
+               l.burst, l.tokens + EXTRACT(EPOCH FROM clock_timestamp() - l.tokens_at) * l.rate
+           ) END AS tokens_now
+    FROM awa.queue_limits AS l
+), full_keys AS (
+    SELECT r.queue, r.concurrency_key
+    FROM awa.jobs AS r JOIN limits AS l ON l.queue = r.queue
+    WHERE r.state = 'running' AND r.concurrency_key IS NOT NULL
+      AND l.key_concurrency IS NOT NULL
+    GROUP BY r.queue, r.concurrency_key, l.key_concurrency
+    HAVING count(*) >= l.key_concurrency
+), held_by_keys AS (
+    SELECT j.queue, count(*) AS n
+    FROM awa.jobs AS j JOIN full_keys AS f
+        ON f.queue = j.queue AND f.concurrency_key = j.concurrency_key
+    WHERE j.state = 'available' AND j.run_at <= now()
+    GROUP BY j.queue
 ), names AS (
     SELECT queue FROM per_queue UNION SELECT queue FROM awa.queues
+    UNION SELECT queue FROM awa.queue_limits
 )
 SELECT names.queue,
        COALESCE(per_queue.counts, '{}'::jsonb) AS counts,
@@ -177,9 +199,19 @@ SELECT names.queue,
        END
            AS oldest_available_age,
        COALESCE(q.paused, false) AS paused,
-       q.paused_by
+       q.paused_by,
+       l.rate, l.burst, l.max_running, l.key_concurrency,
+       COALESCE(k.n, 0) AS held_by_keys,
+       CASE WHEN COALESCE((per_queue.counts ->> 'running')::bigint, 0) >= l.max_running
+            THEN COALESCE(oldest.due, 0) - COALESCE(k.n, 0) ELSE 0 END AS held_by_cap,
+       CASE WHEN l.tokens_now < 1
+             AND NOT COALESCE((per_queue.counts ->> 'running')::bigint, 0)
+                     >= COALESCE(l.max_running, 2147483647)
+            THEN COALESCE(oldest.due, 0) - COALESCE(k.n, 0) ELSE 0 END AS held_by_rate
 FROM names
 LEFT JOIN per_queue ON per_queue.queue = names.queue
 LEFT JOIN oldest ON oldest.queue = names.queue
 LEFT JOIN awa.queues AS q ON q.queue = names.queue
+LEFT JOIN limits AS l ON l.queue = names.queue
+LEFT JOIN held_by_keys AS k ON k.queue = names.queue
 ORDER BY names.queue

@@ -10,7 +10,7 @@
 -- Ids come from the identity in input order, so sorting the result by id restores it.
 INSERT INTO awa.jobs (
     kind, queue, args, state, priority, max_attempts, run_at, metadata, tags,
-    unique_key, unique_states, ordering_key, deadline_duration
+    unique_key, unique_states, ordering_key, deadline_duration, concurrency_key
 )
 SELECT
     r.kind,
@@ -25,7 +25,8 @@ SELECT
     decode(r.unique_key, 'hex'),
     r.unique_states,
     decode(r.ordering_key, 'hex'),
-    make_interval(secs => r.deadline_seconds)
+    make_interval(secs => r.deadline_seconds),
+    r.concurrency_key
 FROM jsonb_to_recordset(%(jobs)s::jsonb) AS r(
     kind text,
     queue text,
@@ -38,7 +39,8 @@ FROM jsonb_to_recordset(%(jobs)s::jsonb) AS r(
     unique_key text,
     unique_states smallint,
     ordering_key text,
-    deadline_seconds double precision
+    deadline_seconds double precision,
+    concurrency_key text
 )
 ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL
     AND awa.unique_key_held(unique_states, state)
@@ -53,7 +55,7 @@ RETURNING id, state, run_at, created_at, unique_key
 -- database clock, and no row when its unique key is already held.
 INSERT INTO awa.jobs (
     kind, queue, args, state, priority, max_attempts, run_at, metadata, tags,
-    unique_key, unique_states, ordering_key, deadline_duration
+    unique_key, unique_states, ordering_key, deadline_duration, concurrency_key
 )
 VALUES (
     %(kind)s,
@@ -68,7 +70,8 @@ VALUES (
     %(unique_key)s::bytea,
     %(unique_states)s,
     %(ordering_key)s::bytea,
-    %(deadline_duration)s::interval
+    %(deadline_duration)s::interval,
+    %(concurrency_key)s::text
 )
 ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL
     AND awa.unique_key_held(unique_states, state)
@@ -101,5 +104,5 @@ SELECT now() AS now,
 -- name: copy_jobs
 COPY awa.jobs (
     id, kind, queue, args, state, priority, max_attempts, run_at, created_at, metadata, tags,
-    ordering_key, deadline_duration
+    ordering_key, deadline_duration, concurrency_key
 ) FROM STDIN

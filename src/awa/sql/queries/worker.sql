@@ -48,7 +48,7 @@ RETURNING j.id, j.kind, j.queue, j.args, j.priority, j.attempt, j.max_attempts, 
           NULLIF(j.errors, '[]'::jsonb), NULLIF(j.metadata, '{}'::jsonb), j.tags, j.progress,
           j.deadline_duration, j.unique_key, j.unique_states, j.ordering_key, j.callback_id,
           extract(epoch FROM j.callback_timeout_at)::float8, j.callback_filter,
-          j.callback_on_complete, j.callback_on_fail, j.callback_transform
+          j.callback_on_complete, j.callback_on_fail, j.callback_transform, j.concurrency_key
 
 -- name: claim_one
 -- awa.testing's claim: the first due job of the given kinds (and queue, when given), with
@@ -82,7 +82,7 @@ RETURNING j.id, j.kind, j.queue, j.args, j.priority, j.attempt, j.max_attempts, 
           NULLIF(j.errors, '[]'::jsonb), NULLIF(j.metadata, '{}'::jsonb), j.tags, j.progress,
           j.deadline_duration, j.unique_key, j.unique_states, j.ordering_key, j.callback_id,
           extract(epoch FROM j.callback_timeout_at)::float8, j.callback_filter,
-          j.callback_on_complete, j.callback_on_fail, j.callback_transform
+          j.callback_on_complete, j.callback_on_fail, j.callback_transform, j.concurrency_key
 
 -- name: release_unstarted
 -- Claimed jobs that never reached a handler (shutdown) go back to available, giving back the

@@ -1,0 +1,114 @@
+"""Fleet-wide flow control on the worker side: the claim of a queue, through its limits when
+it has any, the limits stored for operators at start, and the leader's priority aging.
+
+A queue with a rate limit, a cap on running jobs or a per-key limit claims through
+``awa.claim_limited`` (migration 0004), which locks the queue's row of ``awa.queue_limits``
+before it counts and grants, so the limits hold across every worker in one round trip per
+claim. When a limit held jobs back, the claim says how long to wait before asking again.
+A queue without limits claims with the plain statement and pays nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import psycopg
+from psycopg.rows import tuple_row
+
+from awa.sql import query
+from awa.worker.config import QueueConfig
+from awa.worker.maintenance import Duty
+
+log = logging.getLogger("awa.worker")
+
+# Rows of claim_limited: the 27 columns of claim_jobs, then retry_after.
+_RETRY_AFTER = 27
+
+# The shortest wait a limited claim asks for, so that a drained bucket is not polled hot.
+MIN_RETRY_AFTER = 0.005
+
+# Available jobs whose priority one aging pass raises, at most.
+AGING_BATCH = 1000
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Claimed:
+    """A claim's rows, and how long to wait before claiming again when a limit held jobs
+    back (None: nothing was held back)."""
+
+    rows: list[tuple[Any, ...]]
+    retry_after: float | None = None
+
+
+def limit_params(queue: QueueConfig) -> dict[str, Any]:
+    rate, burst = queue.rate_limit if queue.rate_limit is not None else (None, None)
+    return {
+        "queue": queue.name,
+        "rate": rate,
+        "burst": burst,
+        "max_running": queue.global_max_running,
+        "key_concurrency": queue.key_concurrency,
+    }
+
+
+async def claim(conn: psycopg.AsyncConnection[Any], queue: QueueConfig, limit: int) -> Claimed:
+    """Claim up to ``limit`` jobs of ``queue``, within its limits."""
+    deadline = dt.timedelta(seconds=queue.deadline_duration)
+    async with conn.cursor(row_factory=tuple_row, binary=True) as cursor:
+        if not queue.limited:
+            params = {"queue": queue.name, "limit": limit, "deadline": deadline}
+            await cursor.execute(query("claim_jobs"), params)
+            return Claimed(await cursor.fetchall())
+        params = {**limit_params(queue), "limit": limit, "deadline": deadline}
+        await cursor.execute(query("claim_limited"), params)
+        rows = await cursor.fetchall()
+    retry_after = None
+    jobs = []
+    for row in rows:
+        if row[0] is None:
+            retry_after = max(float(row[_RETRY_AFTER]), MIN_RETRY_AFTER)
+        else:
+            jobs.append(row[:_RETRY_AFTER])
+    return Claimed(jobs, retry_after)
+
+
+async def store_limits(conn: psycopg.AsyncConnection[Any], queues: Iterable[QueueConfig]) -> None:
+    """Record the limits this worker runs its queues with (the last worker to start is what
+    operators see; each worker claims by its own). A change is logged, since workers that
+    disagree each apply their own limits."""
+    for queue in queues:
+        if not queue.limited:
+            await conn.execute(query("limits_clear"), {"queue": queue.name})
+            continue
+        params = limit_params(queue)
+        cursor = await conn.execute(query("limits_store"), params)
+        row = await cursor.fetchone()
+        previous = row[0] if row is not None else None
+        current = "({},{},{},{})".format(
+            *(
+                "" if params[key] is None else params[key]
+                for key in ("rate", "burst", "max_running", "key_concurrency")
+            )
+        )
+        if previous is not None and previous != current:
+            log.warning(
+                "queue %s: flow limits changed from %s to %s (rate, burst, global_max_running, "
+                "key_concurrency); workers still running the old ones keep them until restarted",
+                queue.name,
+                previous,
+                current,
+            )
+
+
+def aging_duty(interval: float) -> Duty:
+    """Raise by one level the priority of available jobs that waited ``interval`` or more."""
+    waited = dt.timedelta(seconds=interval)
+
+    async def age(conn: psycopg.AsyncConnection[Any]) -> None:
+        await conn.execute(query("age_priorities"), {"interval": waited, "limit": AGING_BATCH})
+
+    return Duty("priority aging", interval, age)
