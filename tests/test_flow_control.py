@@ -7,14 +7,19 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
 import awa
+from awa.cli import main
 from awa.worker.config import QueueConfig, parse_queues
+from awa.worker.settings import parse_value, resolve
 from awa.worker.weighted_pool import WeightedPool
 from helpers_flow import RunningSampler
 from helpers_worker import FAST_QUEUE, queue, start, wait_for, wait_for_all, wait_for_state
@@ -431,3 +436,72 @@ async def test_aging_is_off_with_an_interval_of_zero(client: awa.AsyncClient, co
     await wait_for(lambda: runtime.is_leader, 5)
     await asyncio.sleep(0.3)
     assert conn.execute("SELECT priority FROM awa.jobs WHERE id = %s", (job.id,)).fetchone() == (3,)
+
+
+# The awa command ----------------------------------------------------------------------------
+
+
+def test_worker_settings_carry_the_flow_options(tmp_path: Path) -> None:
+    (tmp_path / "awa.toml").write_text(
+        "[worker]\nglobal_max_workers = 6\n\n"
+        "[queues.api]\nrate_limit = [50, 10]\nkey_concurrency = 2\n\n"
+        "[queues.bulk]\nmin_workers = 1\nweight = 3\n"
+    )
+    settings = resolve(
+        config=tmp_path / "awa.toml",
+        client=None,
+        queues=[],
+        queue_options=["api.global_max_running=5", "bulk.rate_limit=2.5"],
+        runtime={"priority_aging_interval": "30"},
+        shutdown_timeout=None,
+        log_level=None,
+        log_format=None,
+    )
+    settings.check()
+    queues = settings.start_queues([])
+    assert queues is not None
+    configs = {
+        config.name: config
+        for config in parse_queues(
+            queues, [], global_max_workers=settings.runtime["global_max_workers"]
+        )
+    }
+    assert configs["api"].rate_limit == (50.0, 10)
+    assert (configs["api"].global_max_running, configs["api"].key_concurrency) == (5, 2)
+    assert configs["bulk"].rate_limit == (2.5, 3)
+    assert (configs["bulk"].min_workers, configs["bulk"].weight) == (1, 3)
+    assert settings.runtime["priority_aging_interval"] == 30.0
+    with pytest.raises(awa.ValidationError, match="rate_limit must be 'RATE' or 'RATE/BURST'"):
+        parse_value("rate_limit", "fast/10")
+    assert parse_value("rate_limit", "50/10") == (50.0, 10)
+
+
+def test_queue_stats_command_shows_limits_and_held_jobs(database_url: str, conn: Conn) -> None:
+    conn.execute(
+        "INSERT INTO awa.queue_limits (queue, rate, burst, max_running, key_concurrency, tokens)"
+        " VALUES ('api', 5, 2, 1, 1, 0)"
+    )
+    conn.execute(
+        "INSERT INTO awa.jobs (kind, queue, args, state, concurrency_key) VALUES"
+        " ('call', 'api', '{}', 'running', 'a'), ('call', 'api', '{}', 'available', 'a'),"
+        " ('call', 'api', '{}', 'available', 'b'), ('call', 'plain', '{}', 'available', NULL)"
+    )
+    runner = CliRunner()
+    text = runner.invoke(main, ["--database-url", database_url, "queue", "stats"])
+    assert text.exit_code == 0, text.output
+    header, api, plain = text.stdout.splitlines()
+    assert header.split()[-3:] == ["LIMITS", "HELD", "BACK"]
+    assert "rate 5/s burst 2, cap 1, key 1" in api
+    assert api.rstrip().endswith("1 by cap, 1 by keys")
+    assert plain.split()[0] == "plain"
+    assert plain.split()[-2:] == ["-", "0"]
+    shown = runner.invoke(main, ["--database-url", database_url, "queue", "stats", "--json"])
+    by_queue = {entry["queue"]: entry for entry in json.loads(shown.stdout)}
+    assert by_queue["api"]["limits"] == {
+        "rate": 5.0,
+        "burst": 2,
+        "global_max_running": 1,
+        "key_concurrency": 1,
+    }
+    assert by_queue["api"]["held_back"] == {"rate": 0, "cap": 1, "keys": 1, "total": 2}
+    assert by_queue["plain"]["limits"] is None
