@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime as dt
 import json
 import statistics
 import time
@@ -18,6 +19,7 @@ from click.testing import CliRunner
 
 import awa
 from awa.cli import main
+from awa.sql import query
 from awa.worker.config import QueueConfig, parse_queues
 from awa.worker.settings import parse_value, resolve
 from awa.worker.weighted_pool import WeightedPool
@@ -267,6 +269,31 @@ def test_one_claim_sees_past_a_keys_backlog(conn: Conn) -> None:
         " WHERE id IS NOT NULL"
     ).fetchall()
     assert again == []
+
+
+def test_the_limited_claim_returns_the_columns_of_the_plain_claim(conn: Conn) -> None:
+    """Job.from_claim reads both claims' rows: the same columns, in the same order, with the
+    same effects on the row."""
+    for _ in range(2):
+        conn.execute(
+            "INSERT INTO awa.jobs (kind, queue, args, metadata, tags, deadline_duration,"
+            " concurrency_key) VALUES ('call', 'api', '{\"a\": 1}', '{\"m\": 2}',"
+            " '{t}', interval '7 s', 'k')"
+        )
+    plain = conn.execute(
+        query("claim_jobs"), {"queue": "api", "limit": 1, "deadline": dt.timedelta(seconds=60)}
+    ).fetchone()
+    limited = conn.execute(
+        "SELECT * FROM awa.claim_limited('api', 1, interval '60 s', NULL, NULL, 5, NULL)"
+    ).fetchone()
+    assert plain is not None
+    assert limited is not None
+    assert len(limited) == len(plain) + 1  # and retry_after
+    timestamps = {0, 8, 9, 10, 11}  # id, run_at, created_at, attempted_at, deadline_at
+    assert [v for i, v in enumerate(plain) if i not in timestamps] == [
+        v for i, v in enumerate(limited[:-1]) if i not in timestamps
+    ]
+    assert plain[11] - plain[10] == pytest.approx(limited[11] - limited[10]) == 7.0
 
 
 async def test_a_limits_row_deleted_under_a_running_worker_comes_back(
