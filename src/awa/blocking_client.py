@@ -48,6 +48,7 @@ from awa.observability.health import (
     schema_missing,
     unreachable,
 )
+from awa.tracing import describe_insert, producing
 from awa.transaction import SyncTransaction, insert_prepared_sync
 
 
@@ -122,15 +123,19 @@ class Client:
 
     def insert(self, args: Any, **kwargs: Unpack[InsertKwargs]) -> JobRow:
         kind, opts = split_kwargs("insert", kwargs)
-        job = prepare_job(args, kind=kind, opts=opts, rules=self._insert_rules)
-        with self.connection() as conn:
-            return insert_prepared_sync(conn, [job])[0]
+        with producing() as span:
+            job = prepare_job(args, kind=kind, opts=opts, rules=self._insert_rules)
+            describe_insert(span, [job])
+            with self.connection() as conn:
+                return insert_prepared_sync(conn, [job])[0]
 
     def insert_many(self, jobs: Iterable[Any], **kwargs: Unpack[InsertKwargs]) -> list[JobRow]:
         kind, opts = split_kwargs("insert_many", kwargs)
-        prepared = prepare_many(jobs, kind=kind, opts=opts, rules=self._insert_rules)
-        with self.connection() as conn:
-            return insert_prepared_sync(conn, prepared)
+        with producing() as span:
+            prepared = prepare_many(jobs, kind=kind, opts=opts, rules=self._insert_rules)
+            describe_insert(span, prepared)
+            with self.connection() as conn:
+                return insert_prepared_sync(conn, prepared)
 
     def insert_many_copy(self, jobs: Iterable[Any], **kwargs: Unpack[InsertKwargs]) -> list[JobRow]:
         kind, opts = split_kwargs("insert_many_copy", kwargs)

@@ -53,6 +53,7 @@ from awa.observability.health import (
     unreachable,
 )
 from awa.schedules import PeriodicJob, define_periodic
+from awa.tracing import describe_insert, producing
 from awa.transaction import (
     Transaction,
     insert_prepared_async,
@@ -182,8 +183,10 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
         UniqueConflict when ``unique_opts`` finds an existing job.
         """
         kind, opts = split_kwargs("insert", kwargs)
-        job = prepare_job(args, kind=kind, opts=opts, rules=self._insert_rules)
-        return await self._lanes.insert(job)
+        with producing() as span:
+            job = prepare_job(args, kind=kind, opts=opts, rules=self._insert_rules)
+            describe_insert(span, [job])
+            return await self._lanes.insert(job)
 
     async def insert_many(
         self, jobs: Iterable[Any], **kwargs: Unpack[InsertKwargs]
@@ -191,9 +194,11 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
         """Insert several jobs atomically. Items are args, or ``awa.EnqueueRequest`` to
         override the shared keyword options for one job."""
         kind, opts = split_kwargs("insert_many", kwargs)
-        prepared = prepare_many(jobs, kind=kind, opts=opts, rules=self._insert_rules)
-        async with self.connection() as conn:
-            return await insert_prepared_async(conn, prepared)
+        with producing() as span:
+            prepared = prepare_many(jobs, kind=kind, opts=opts, rules=self._insert_rules)
+            describe_insert(span, prepared)
+            async with self.connection() as conn:
+                return await insert_prepared_async(conn, prepared)
 
     async def insert_many_copy(
         self, jobs: Iterable[Any], **kwargs: Unpack[InsertKwargs]
@@ -346,11 +351,14 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
         finally:
             await self.shutdown(shutdown_timeout)
 
-    async def health_check(self, *, unserved_after: float = DEFAULT_UNSERVED_AFTER) -> HealthCheck:
+    async def health_check(
+        self, *, unserved_after: float = DEFAULT_UNSERVED_AFTER, queues: bool = True
+    ) -> HealthCheck:
         """Database reachable and migrated, a maintenance leader somewhere, this worker's
         listener and heartbeat alive, the live workers, and each queue's backlog and lag;
         ``status`` is ``degraded`` when a queue's available jobs have waited more than
-        ``unserved_after`` seconds while no live worker runs it."""
+        ``unserved_after`` seconds while no live worker runs it. ``queues=False`` skips the
+        per-queue counts (for frequent probes on a large job table)."""
         runtime = self._runtime.health() if self._runtime is not None else None
         try:
             pool = await self.pool()
@@ -358,7 +366,8 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
             # otherwise hold the check for its whole timeout (30 s).
             with translate_errors():
                 async with pool.connection(timeout=HEALTH_CHECK_TIMEOUT) as conn:
-                    return await drive_async(conn, health_flow(runtime, unserved_after))
+                    flow = health_flow(runtime, unserved_after, queues=queues)
+                    return await drive_async(conn, flow)
         except SchemaNotMigrated:
             return schema_missing(runtime)
         except DatabaseError as error:

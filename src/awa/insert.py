@@ -37,6 +37,7 @@ from awa.model import (
     to_timedelta,
 )
 from awa.sql import query
+from awa.tracing import with_traceparent
 
 UNIQUE_INDEX = "jobs_unique_key_idx"
 
@@ -277,7 +278,7 @@ def _prepared(
         opts.priority,
         opts.max_attempts,
         checked.run_at,
-        checked.metadata_json,
+        with_traceparent(checked.metadata_json),
         checked.tags,
         key,
         states,

@@ -15,6 +15,7 @@ from awa.insert import DEFAULT_RULES, InsertKwargs, InsertRules
 from awa.lifecycle import staging
 from awa.model import JobRow, JobState
 from awa.outcomes import CallbackToken
+from awa.tracing import TRACEPARENT
 
 if TYPE_CHECKING:
     from awa.lifecycle.staging import AttemptBuffer, StagedFollowUp
@@ -103,6 +104,7 @@ class Job(Generic[A]):
         "_run_at",
         "_sealed",
         "_services",
+        "_trace_context",
         "attempt",
         "id",
         "kind",
@@ -165,6 +167,8 @@ class Job(Generic[A]):
         # reason is set then, so that the CancelledError it gets is no crash.
         self._handler_task: asyncio.Task[Any] | None = None
         self._interrupt_reason: str | None = None
+        # The traceparent of this attempt's span, while tracing: its follow-ups' parent.
+        self._trace_context: str | None = None
 
     @classmethod
     def from_claim(cls, row: tuple[Any, ...], services: AttemptServices | None) -> Job[Any]:
@@ -203,6 +207,7 @@ class Job(Generic[A]):
         job._sealed = False
         job._handler_task = None
         job._interrupt_reason = None
+        job._trace_context = None
         return job
 
     @property
@@ -325,6 +330,12 @@ class Job(Generic[A]):
         if self._metadata is None:
             self._metadata = {}
         return self._metadata
+
+    @property
+    def traceparent(self) -> str | None:
+        """The W3C traceparent of the context the job was inserted in (``awa.tracing``)."""
+        value = self._metadata.get(TRACEPARENT) if self._metadata else None
+        return value if isinstance(value, str) else None
 
     @property
     def state(self) -> JobState:

@@ -34,6 +34,7 @@ from awa.insert import (
     split_kwargs,
 )
 from awa.model import JobRow
+from awa.tracing import describe_insert, producing
 
 Params = Sequence[Any] | Mapping[str, Any]
 
@@ -171,16 +172,20 @@ class Transaction:
     async def insert(self, args: Any, **kwargs: Unpack[InsertKwargs]) -> JobRow:
         """Insert one job in this transaction (see ``AsyncClient.insert``)."""
         kind, opts = split_kwargs("insert", kwargs)
-        job = prepare_job(args, kind=kind, opts=opts, rules=self._rules)
-        return (await insert_prepared_async(self.connection, [job]))[0]
+        with producing() as span:
+            job = prepare_job(args, kind=kind, opts=opts, rules=self._rules)
+            describe_insert(span, [job])
+            return (await insert_prepared_async(self.connection, [job]))[0]
 
     async def insert_many(
         self, jobs: Iterable[Any], **kwargs: Unpack[InsertKwargs]
     ) -> list[JobRow]:
         """Insert several jobs in this transaction (see ``AsyncClient.insert_many``)."""
         kind, opts = split_kwargs("insert_many", kwargs)
-        prepared = prepare_many(jobs, kind=kind, opts=opts, rules=self._rules)
-        return await insert_prepared_async(self.connection, prepared)
+        with producing() as span:
+            prepared = prepare_many(jobs, kind=kind, opts=opts, rules=self._rules)
+            describe_insert(span, prepared)
+            return await insert_prepared_async(self.connection, prepared)
 
     async def execute(self, query: str, *params: Any) -> int:
         """Run a statement; returns the number of rows it affected."""
@@ -280,13 +285,17 @@ class SyncTransaction:
 
     def insert(self, args: Any, **kwargs: Unpack[InsertKwargs]) -> JobRow:
         kind, opts = split_kwargs("insert", kwargs)
-        job = prepare_job(args, kind=kind, opts=opts, rules=self._rules)
-        return insert_prepared_sync(self.connection, [job])[0]
+        with producing() as span:
+            job = prepare_job(args, kind=kind, opts=opts, rules=self._rules)
+            describe_insert(span, [job])
+            return insert_prepared_sync(self.connection, [job])[0]
 
     def insert_many(self, jobs: Iterable[Any], **kwargs: Unpack[InsertKwargs]) -> list[JobRow]:
         kind, opts = split_kwargs("insert_many", kwargs)
-        prepared = prepare_many(jobs, kind=kind, opts=opts, rules=self._rules)
-        return insert_prepared_sync(self.connection, prepared)
+        with producing() as span:
+            prepared = prepare_many(jobs, kind=kind, opts=opts, rules=self._rules)
+            describe_insert(span, prepared)
+            return insert_prepared_sync(self.connection, prepared)
 
     def execute(self, query: str, *params: Any) -> int:
         with _own_statement_errors():

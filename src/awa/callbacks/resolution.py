@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 
-from awa import callbacks
+from awa import callbacks, tracing
 from awa.db import Flow, drive_async
 from awa.lifecycle.events import Completed, Exhausted, JobEvent, Retried
 from awa.lifecycle.followups import FollowUpRegistry, Trigger, TriggerContext, insert_follow_ups
@@ -60,15 +60,19 @@ class CallbackResolution:
         raise NotImplementedError  # provided by AsyncClient
 
     async def _resolve(self, flow: Flow[Any], effect_of: Any) -> Any:
-        async with self.connection() as conn, conn.transaction():
-            result = await drive_async(conn, flow)
-            effect: _Effect | None = effect_of(result)
-            if effect is not None:
-                specs = self._follow_ups.specs(effect.context.trigger, effect.row.kind)
-                if specs:
-                    await insert_follow_ups(
-                        conn, specs, effect.row, effect.context, self._follow_ups.insert_rules
-                    )
+        # In the resolver's trace: its follow-ups carry the resolver's context.
+        with tracing.child_span("awa.callback.resolve") as span:
+            async with self.connection() as conn, conn.transaction():
+                result = await drive_async(conn, flow)
+                effect: _Effect | None = effect_of(result)
+                if effect is not None:
+                    if span is not None:
+                        span.set_attribute("awa.job.id", effect.row.id)
+                        span.set_attribute("awa.job.kind", effect.row.kind)
+                    specs = self._follow_ups.specs(effect.context.trigger, effect.row.kind)
+                    if specs:
+                        rules = self._follow_ups.insert_rules
+                        await insert_follow_ups(conn, specs, effect.row, effect.context, rules)
         if effect is not None:
             await self.hook_dispatcher.dispatch_and_wait(effect.event)
         return result

@@ -13,6 +13,12 @@
 - ``drain-keys``: the jobs spread over 100 concurrency keys, ``key_concurrency=2``.
 - ``drain-rated``: the queue has ``rate_limit=(2000, 200)``; ``rate_vs_limit`` says how
   close the drain came to the limit.
+- ``drain-otel``: ``drain`` in a process with the OpenTelemetry SDK configured: a
+  ``MeterProvider`` with the Prometheus reader (scraped once at the end) and a
+  ``TracerProvider`` whose batch processor exports every span (to a sink). The jobs are
+  inserted outside any trace, so their attempts start no spans (``awa.tracing``).
+- ``drain-otel-traced``: the same with every job inserted inside a span: each attempt is
+  a span of that trace.
 
 The jobs wait in a paused queue while the workers start; the clock starts when the queue is
 resumed and stops when every job is committed as completed.
@@ -21,6 +27,7 @@ resumed and stops when every job is committed as completed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import multiprocessing
 import time
@@ -42,6 +49,8 @@ DRAIN_VARIANTS = (
     "drain-capped",
     "drain-keys",
     "drain-rated",
+    "drain-otel",
+    "drain-otel-traced",
 )
 FOLLOW_UP_QUEUE = "bench-followups"  # nobody works it: follow-ups stay put
 QUEUE = "default"
@@ -166,11 +175,60 @@ def _second_worker(url: str, concurrency: int, ready: Any, stop: Any) -> None:
     asyncio.run(run())
 
 
+def _drain_with_sdk(url: str, jobs: int, concurrency: int, variant: str, results: Any) -> None:
+    """The process of ``drain-otel`` and ``drain-otel-traced``: the SDK configured, then the
+    plain drain (inserted inside a span for the traced one)."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+    from prometheus_client import REGISTRY, generate_latest
+
+    from awa.observability.endpoint import install_prometheus
+
+    class Sink(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    install_prometheus()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(BatchSpanProcessor(Sink()))
+    trace.set_tracer_provider(tracer_provider)
+    span: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+    if variant == "drain-otel-traced":
+        span = trace.get_tracer("awa-bench").start_as_current_span("bench")
+    with Progress(disable=True) as progress, span:
+        result = asyncio.run(bench_drain(url, jobs, concurrency, progress))
+    exposition = generate_latest(REGISTRY).decode()
+    tracer_provider.shutdown()
+    if "awa_job_completed_total" not in exposition:
+        raise awa.AwaError(f"{variant}: the Prometheus exposition lacks awa's metrics")
+    results.put((variant, result.jobs, result.seconds, result.extra))
+
+
+async def _drain_in_sdk_process(
+    url: str, jobs: int, concurrency: int, progress: Progress, variant: str
+) -> Result:
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    arguments = (url, jobs, concurrency, variant, results)
+    child = context.Process(target=_drain_with_sdk, args=arguments)
+    task = progress.add_task(f"{variant} (in its own process)", total=None)
+    child.start()
+    try:
+        scenario, count, seconds, extra = await asyncio.to_thread(results.get, True, 600)
+    finally:
+        await asyncio.to_thread(child.join, 30)
+        progress.remove_task(task)
+    return Result(scenario, count, seconds, extra)
+
+
 async def bench_drain(
     url: str, jobs: int, concurrency: int, progress: Progress, variant: str = "drain"
 ) -> Result:
     """Run ``jobs`` pre-inserted jobs (see the module docstring); the rate, commits per job
     and dead tuples left in awa.jobs."""
+    if variant in ("drain-otel", "drain-otel-traced"):
+        return await _drain_in_sdk_process(url, jobs, concurrency, progress, variant)
     client = drain_client(url, variant)
     processes = 2 if variant == "drain-2proc" else 1
     context = multiprocessing.get_context("spawn")

@@ -19,6 +19,7 @@ import click
 
 import awa
 from awa.cli.group import CliError, database_url_from_context, load_client, main
+from awa.observability.endpoint import EndpointServer, install_prometheus
 from awa.observability.log_format import configure as configure_logging
 from awa.worker import settings as worker_settings
 from awa.worker.config import RuntimeConfig
@@ -30,7 +31,11 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 async def serve(
-    client: awa.AsyncClient, queues: dict[str, Any] | None, runtime: dict[str, Any], timeout: float
+    client: awa.AsyncClient,
+    queues: dict[str, Any] | None,
+    runtime: dict[str, Any],
+    timeout: float,
+    metrics: tuple[str, int] | None = None,
 ) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -50,6 +55,13 @@ async def serve(
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
+    endpoint = None
+    if metrics is not None:
+        if not install_prometheus():
+            log.info("metrics: the application's MeterProvider is kept (give it a reader)")
+        endpoint = EndpointServer(client, *metrics)
+        endpoint.start()
+        log.info("metrics on http://%s:%d/metrics (/healthz, /readyz)", metrics[0], endpoint.port)
     try:
         await client.start(queues, **runtime)
         await stop.wait()
@@ -57,6 +69,8 @@ async def serve(
     except asyncio.CancelledError:
         await client.shutdown(timeout=0)
     finally:
+        if endpoint is not None:
+            await endpoint.stop()
         await client.close()
 
 
@@ -131,6 +145,19 @@ def _runtime_options(command: Any) -> Any:
     help="text: human-readable lines; json: one JSON object per line (timestamp, level, "
     "logger, message, job_id, kind, queue, attempt).  [default: text]",
 )
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    envvar="AWA_METRICS_PORT",
+    show_envvar=True,
+    help="Serve /metrics (Prometheus), /healthz and /readyz on this port (0: any free port).",
+)
+@click.option(
+    "--metrics-host",
+    envvar="AWA_METRICS_HOST",
+    show_envvar=True,
+    help="The address the metrics endpoint listens on.  [default: 0.0.0.0]",
+)
 @_runtime_options
 @click.pass_context
 def worker(
@@ -143,6 +170,8 @@ def worker(
     shutdown_timeout: float | None,
     log_level: str | None,
     log_format: str | None,
+    metrics_port: int | None,
+    metrics_host: str | None,
     **runtime: str | None,
 ) -> None:
     """Run the worker of the AsyncClient at MODULE:CLIENT (e.g. myapp.jobs:client).
@@ -159,6 +188,8 @@ def worker(
         shutdown_timeout=shutdown_timeout,
         log_level=log_level,
         log_format=log_format,
+        metrics_port=metrics_port,
+        metrics_host=metrics_host,
     )
     if settings.log_level.upper() not in LOG_LEVELS:
         raise CliError(
@@ -173,4 +204,7 @@ def worker(
         os.environ["DATABASE_URL"] = url  # a client built without a URL reads it
     client = load_client(settings.client)
     queues = settings.start_queues(client._tasks.queues())
-    asyncio.run(serve(client, queues, settings.runtime, settings.shutdown_timeout))
+    metrics = None
+    if settings.metrics_port is not None:
+        metrics = (settings.metrics_host, settings.metrics_port)
+    asyncio.run(serve(client, queues, settings.runtime, settings.shutdown_timeout, metrics))

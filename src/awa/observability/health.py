@@ -125,8 +125,13 @@ def unserved_queues(
 
 
 def health_flow(
-    runtime: RuntimeHealth | None, unserved_after: float = DEFAULT_UNSERVED_AFTER
+    runtime: RuntimeHealth | None,
+    unserved_after: float = DEFAULT_UNSERVED_AFTER,
+    *,
+    queues: bool = True,
 ) -> Flow[HealthCheck]:
+    """``queues=False`` leaves out the per-queue counts (and so unserved queues): a probe
+    that runs every few seconds should not count a large job table."""
     version = yield from schema_version_flow()
     problems = []
     expected = current_version()
@@ -137,7 +142,9 @@ def health_flow(
         problems.append(f"schema version is {version}, this package expects {expected}")
         return _unhealthy(True, version, runtime, problems)
     leader = yield Statement(query("leader_holder"), None, _leader)
-    queues: list[QueueStats] = yield Statement(query("queue_stats"), None, decode_queue_stats)
+    stats: list[QueueStats] = []
+    if queues:
+        stats = yield Statement(query("queue_stats"), None, decode_queue_stats)
     workers: list[WorkerInfo] = yield Statement(query("runtimes_live"), None, _workers)
     if leader is None:
         problems.append("no runtime holds the maintenance lock (no worker running?)")
@@ -146,7 +153,7 @@ def health_flow(
             problems.append("this worker's notification listener is disconnected (polling)")
         if not runtime.heartbeat_alive:
             problems.append("this worker's heartbeat thread is not running")
-    unserved = unserved_queues(queues, workers, unserved_after)
+    unserved = unserved_queues(stats, workers, unserved_after)
     status: Status = "unhealthy" if problems else "degraded" if unserved else "healthy"
     problems.extend(
         f"queue {item.queue!r} is unserved: {item.available} available job(s), the oldest "
@@ -160,7 +167,7 @@ def health_flow(
         expected,
         leader,
         runtime,
-        queues,
+        stats,
         problems,
         status,
         workers,

@@ -287,6 +287,9 @@ class RuntimeConfig:
     # Seconds an available job waits before the leader raises its priority one level (lowers
     # the number, down to 1), so that urgent jobs cannot starve it for ever; 0: no aging.
     priority_aging_interval: float = 60.0
+    # Seconds between the leader's counts of each queue's jobs for the queue gauges (longer
+    # on a large backlog: see worker/queue_sampling.py), and between each process's reads.
+    queue_sample_interval: float = 5.0
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> RuntimeConfig:
@@ -313,6 +316,7 @@ class RuntimeConfig:
             "failed_retention",
             "cleanup_interval",
             "cron_interval",
+            "queue_sample_interval",
         ):
             object.__setattr__(self, field, _positive_seconds(getattr(self, field), field))
         object.__setattr__(

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
+from awa import tracing
 from awa.errors import TerminalError
 from awa.job import Job
 from awa.kinds import decode_args
@@ -65,6 +68,17 @@ def classify(result: object, job: Job[Any], duration: float) -> Outcome:
     raise AssertionError(f"unhandled outcome type {type(result).__name__}")
 
 
+_OUTCOME_NAMES = {
+    Completed: "completed",
+    Retry: "retry",
+    Fail: "failed",
+    Cancelled: "cancelled",
+    Snoozed: "snoozed",
+    Interrupted: "interrupted",
+    Park: "waiting_external",
+}
+
+
 async def run_attempt(
     job: Job[Any],
     task: Task | None,
@@ -73,7 +87,31 @@ async def run_attempt(
     shutting_down: asyncio.Event,
     on_start: Callable[[], None] | None = None,
 ) -> Outcome:
-    """Run the handler for ``job`` and return its outcome (never raises for handler errors)."""
+    """Run the handler for ``job`` and return its outcome (never raises for handler errors),
+    in the attempt's consumer span when tracing is configured (``awa.tracing``)."""
+    traced = tracing.start_attempt(job.id, job.kind, job.queue, job.attempt, job._metadata)
+    if traced is None:
+        return await _attempt(job, task, threads, shutting_down, on_start)
+    span, job._trace_context = traced
+    token = tracing.activate(span)
+    outcome: Outcome | None = None
+    try:
+        outcome = await _attempt(job, task, threads, shutting_down, on_start)
+        return outcome
+    finally:
+        tracing.deactivate(token)
+        error = getattr(outcome, "exception", None)
+        name = _OUTCOME_NAMES.get(type(outcome), "crashed")
+        tracing.end_attempt(span, name, error, isinstance(outcome, Retry | Fail | None))
+
+
+async def _attempt(
+    job: Job[Any],
+    task: Task | None,
+    threads: Executor | None,
+    shutting_down: asyncio.Event,
+    on_start: Callable[[], None] | None,
+) -> Outcome:
     if job.is_cancelled():
         # Cancelled while it waited in the prefetch buffer: the handler must not start. The
         # row has left 'running' already, so this outcome's guarded write changes nothing.
@@ -98,7 +136,9 @@ async def run_attempt(
                 job._handler_task = None
         else:
             loop = asyncio.get_running_loop()
-            result = await loop.run_in_executor(threads, task.handler, job)
+            # The thread runs in this task's context (the attempt's span, for its inserts).
+            run = functools.partial(contextvars.copy_context().run, task.handler, job)
+            result = await loop.run_in_executor(threads, run)
     except asyncio.CancelledError as error:
         if shutting_down.is_set():
             outcome = Interrupted(SHUTDOWN_ERROR)

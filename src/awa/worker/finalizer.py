@@ -20,6 +20,7 @@ from typing import Any
 
 import psycopg
 
+from awa import tracing
 from awa.db import Flow, Statement, drive_async, run_async
 from awa.errors import DatabaseError, SchemaNotMigrated, UniqueConflict
 from awa.insert import SkippingInsert
@@ -331,7 +332,10 @@ class Finalizer:
                 context = trigger_context(trigger, row, outcome)
                 rules = self._follow_ups.insert_rules
                 names = ", ".join(spec.name for spec in specs)
-                with _insert_failures(f"inserting the follow-ups of {names}"):
+                with (
+                    _insert_failures(f"inserting the follow-ups of {names}"),
+                    tracing.continuing(job._trace_context),  # in the attempt's trace
+                ):
                     inserted = await insert_follow_ups(conn, specs, row, context, rules)
                 follow_ups.extend(inserted.inserted)
             # Staged follow-ups go in after the registered specs, with the same rules for

@@ -35,6 +35,7 @@ from typing import Any
 
 import psycopg
 
+from awa import tracing
 from awa.bulk_copy import copy_prepared_flow
 from awa.db import Flow, drive_async, run_async
 from awa.errors import DatabaseError, SchemaNotMigrated, UniqueConflict
@@ -195,7 +196,8 @@ async def _plan(finalizer: Finalizer, job: Job[Any], duration: float, returned: 
         # Closures see the row without its output: a job must not read another's output.
         trigger_row = dataclasses.replace(row, output=None) if row.output is not None else row
         rules = finalizer.follow_ups.insert_rules
-        from_specs = await prepare_follow_ups(specs, trigger_row, _COMPLETED, rules, job._args)
+        with tracing.continuing(job._trace_context):  # follow-ups join the attempt's trace
+            from_specs = await prepare_follow_ups(specs, trigger_row, _COMPLETED, rules, job._args)
     buffer = job._extras
     outcome = results.Completed(duration)
     staged = buffer.prepared() if buffer is not None and commits_staged(job, outcome) else []

@@ -16,6 +16,7 @@ from typing import Any
 
 from awa.job import Job
 from awa.model import JobRow, JobState
+from awa.observability import metrics
 from awa.worker import results
 
 log = logging.getLogger("awa.worker")
@@ -94,3 +95,21 @@ def log_outcome(job: Job[Any], outcome: results.Outcome | None, row: JobRow) -> 
             log.info("%s was cancelled: %s", who, reason, extra=fields)
         case _:
             log.debug("%s attempt %s: now %s", who, attempts, state.value, extra=fields)
+
+
+def count_outcome(row: JobRow, outcome: results.Outcome) -> None:
+    """Count a committed outcome by the state it left the job in."""
+    attributes = {metrics.KIND: row.kind, metrics.QUEUE: row.queue}
+    match row.state:
+        case JobState.COMPLETED:
+            metrics.completed.add(1, attributes)
+            if isinstance(outcome, results.Completed):
+                metrics.duration.record(outcome.duration, attributes)
+        case JobState.RETRYABLE:
+            metrics.retried.add(1, attributes)
+        case JobState.FAILED:
+            metrics.failed.add(1, {**attributes, "awa.job.terminal": True})
+        case JobState.CANCELLED:
+            metrics.cancelled.add(1, attributes)
+        case JobState.SCHEDULED:
+            metrics.snoozed.add(1, attributes)

@@ -21,6 +21,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
+from awa import tracing
 from awa.lifecycle import events
 from awa.lifecycle.events import RescueReason
 from awa.lifecycle.followups import FollowUpRegistry, Trigger, TriggerContext, insert_follow_ups
@@ -207,9 +208,12 @@ async def after_rescue(
         if specs:
             context = TriggerContext(Trigger.RESCUED, reason=item.reason)
             try:
+                parent = row.metadata.get(tracing.TRACEPARENT) if row.metadata else None
                 async with asyncio.timeout(RESCUE_FOLLOW_UP_TIMEOUT):
                     async with connect() as conn, conn.transaction():
-                        await insert_follow_ups(conn, specs, row, context, follow_ups.insert_rules)
+                        with tracing.continuing(parent):  # in the rescued job's trace
+                            rules = follow_ups.insert_rules
+                            await insert_follow_ups(conn, specs, row, context, rules)
             except Exception as error:
                 metrics.follow_up_failures.add(1, {metrics.KIND: row.kind})
                 if isinstance(error, TimeoutError):

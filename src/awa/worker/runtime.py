@@ -22,22 +22,23 @@ from awa.errors import AwaError, DatabaseError
 from awa.insert import InsertRules
 from awa.job import Job
 from awa.kinds import decoder_for
-from awa.lifecycle.events import Completed, JobEvent, RescueReason, Started
+from awa.lifecycle.events import Completed, JobEvent, Started
 from awa.lifecycle.followups import (
     FollowUpError,
     FollowUpRegistry,
 )
 from awa.lifecycle.hooks import HookDispatcher
-from awa.model import JobRow, JobState
+from awa.model import JobState
 from awa.observability import metrics
 from awa.observability.health import RuntimeHealth
+from awa.observability.queue_samples import keep_queue_samples
 from awa.sql import query
 from awa.worker import limits, results
 from awa.worker.attempts import InFlight
 from awa.worker.completer import CLOSE_TIMEOUT, CompletionBatcher, Done, completed_row
 from awa.worker.config import QueueConfig, RuntimeConfig
-from awa.worker.cron import cron_duty
 from awa.worker.dispatcher import QueueDispatcher
+from awa.worker.duties import leader_duties
 from awa.worker.executor import run_attempt
 from awa.worker.finalizer import (
     Committed,
@@ -49,17 +50,13 @@ from awa.worker.follow_up_batch import flush_with_follow_ups
 from awa.worker.heartbeat import Heartbeat
 from awa.worker.listener import Listener
 from awa.worker.maintenance import (
-    Duty,
     Maintenance,
-    promotion_duty,
-    runtime_expiry_duty,
-    vacuum_duty,
 )
 from awa.worker.outage import FailureLog, quiet_pool_reconnect_errors
-from awa.worker.outcome_log import job_fields, log_outcome
+from awa.worker.outcome_log import count_outcome, job_fields, log_outcome
 from awa.worker.presence import Presence
 from awa.worker.registry import TaskRegistry
-from awa.worker.rescue import SWEEPS, Rescue, after_rescue, rescue_duty, retention_duty
+from awa.worker.rescue import Rescue, after_rescue
 from awa.worker.results import Outcome
 from awa.worker.weighted_pool import WeightedPool
 
@@ -150,6 +147,7 @@ class Runtime:
         self._maintenance: Maintenance | None = None
         self._presence: Presence | None = None
         self._rescue_tasks: set[asyncio.Task[None]] = set()
+        self._sampler: asyncio.Task[None] | None = None
         self._late_commits: set[asyncio.Task[None]] = set()
         self._save_failures = FailureLog(log, "saving outcomes")
         self._application_name = host.application_name
@@ -252,11 +250,16 @@ class Runtime:
             application_name=self._application_name,
             election_interval=self.config.leader_election_interval,
             check_interval=self.config.leader_check_interval,
-            duties=self._maintenance_duties(),
+            duties=leader_duties(self.config, on_rescued=self._rescued),
         )
         self._maintenance.start()
         for dispatcher in self._dispatchers.values():
             dispatcher.start()
+        metrics.register_runtime(self)
+        self._sampler = asyncio.create_task(
+            keep_queue_samples(self._host.connection, self.config.queue_sample_interval),
+            name="awa-queue-samples",
+        )
         log.info("worker started on queues %s", ", ".join(self._dispatchers))
 
     def _build_decoders(self) -> None:
@@ -266,40 +269,6 @@ class Runtime:
         for task in self.registry:
             with contextlib.suppress(Exception):
                 decoder_for(cast(Any, task.args_type))
-
-    def _maintenance_duties(self) -> list[Duty]:
-        config = self.config
-        intervals = {
-            RescueReason.STALE_HEARTBEAT: config.heartbeat_rescue_interval,
-            RescueReason.DEADLINE_EXCEEDED: config.deadline_rescue_interval,
-            RescueReason.EXPIRED_CALLBACK: config.callback_rescue_interval,
-        }
-        duties = [
-            promotion_duty(config.promote_interval, config.promote_batch_size),
-            *(
-                rescue_duty(
-                    SWEEPS[reason],
-                    interval=interval,
-                    staleness=config.heartbeat_staleness,
-                    limit=config.rescue_batch_size,
-                    on_rescued=self._rescued,
-                )
-                for reason, interval in intervals.items()
-            ),
-            retention_duty(
-                interval=config.cleanup_interval,
-                completed=config.completed_retention,
-                failed=config.failed_retention,
-                batch_size=config.cleanup_batch_size,
-            ),
-        ]
-        duties.append(runtime_expiry_duty(config.cleanup_interval))
-        duties.append(cron_duty(config.cron_interval))
-        if config.priority_aging_interval > 0:
-            duties.append(limits.aging_duty(config.priority_aging_interval))
-        if config.vacuum_interval > 0:
-            duties.append(vacuum_duty(config.vacuum_interval, config.vacuum_threshold))
-        return duties
 
     async def _rescued(self, rescued: list[Rescue]) -> None:
         """After a rescue commits, apart from the maintenance loop (so user code cannot
@@ -314,6 +283,9 @@ class Runtime:
     async def shutdown(self, timeout: float) -> None:
         """Stop claiming, let handlers finish (up to ``timeout``), then signal cancellation,
         and finally interrupt what is left and requeue it. Hooks are not awaited."""
+        metrics.unregister_runtime(self)
+        if self._sampler is not None:
+            self._sampler.cancel()
         unstarted: list[Job[Any]] = []
         for dispatcher in self._dispatchers.values():
             unstarted.extend(await dispatcher.stop_claiming())
@@ -428,7 +400,12 @@ class Runtime:
         for job in jobs:
             self.inflight.add(job)
         if jobs:
-            metrics.claimed.add(len(jobs), {metrics.QUEUE: queue.name})
+            attributes = {metrics.QUEUE: queue.name}
+            metrics.claimed.add(len(jobs), attributes)
+            # One measurement per claim (a measurement costs microseconds with an SDK): the
+            # wait of its first job, the most urgent one, from due (run_at) to claimed.
+            head = claimed.rows[0]
+            metrics.head_wait.record(max(head[10] - head[8], 0.0), attributes)
         return jobs, claimed.retry_after
 
     async def _execute(self, job: Job[Any], queue: QueueConfig) -> None:
@@ -490,7 +467,7 @@ class Runtime:
             )
             return
         log_outcome(job, committed.outcome, committed.row)
-        _count_outcome(committed.row, outcome)
+        count_outcome(committed.row, outcome)
         if committed.row.state is JobState.COMPLETED:
             self.completed += 1
         if committed.event is not None:
@@ -569,9 +546,13 @@ class Runtime:
                 continue
             self.inflight.remove(job)
             if item.finalized_at is None:
+                metrics.stale.add(1, {metrics.KIND: job.kind, metrics.QUEUE: job.queue})
                 log.debug("job %s lease %s: stale completion ignored", job.id, job.run_lease)
                 continue
             completed.append((job.kind, job.queue))
+            metrics.duration.record(
+                item.duration, {metrics.KIND: job.kind, metrics.QUEUE: job.queue}
+            )
             if hooks.wants(job.kind):
                 task = self.registry.get(job.kind)
                 event: JobEvent[Any]
@@ -623,20 +604,3 @@ class Runtime:
             }
             for name, dispatcher in self._dispatchers.items()
         }
-
-
-def _count_outcome(row: JobRow, outcome: Outcome) -> None:
-    attributes = {metrics.KIND: row.kind, metrics.QUEUE: row.queue}
-    match row.state:
-        case JobState.COMPLETED:
-            metrics.completed.add(1, attributes)
-            if isinstance(outcome, results.Completed):
-                metrics.duration.record(outcome.duration, attributes)
-        case JobState.RETRYABLE:
-            metrics.retried.add(1, attributes)
-        case JobState.FAILED:
-            metrics.failed.add(1, {**attributes, "awa.job.terminal": True})
-        case JobState.CANCELLED:
-            metrics.cancelled.add(1, attributes)
-        case JobState.SCHEDULED:
-            metrics.snoozed.add(1, attributes)

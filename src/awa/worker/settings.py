@@ -59,13 +59,17 @@ RUNTIME_HELP: dict[str, str] = {
     "('none': every queue keeps its max_workers).",
     "priority_aging_interval": "Seconds an available job waits before the leader raises its "
     "priority one level (0: no aging).",
+    "queue_sample_interval": "Seconds between the leader's counts of each queue's jobs for the "
+    "queue gauges (stretched on a large backlog).",
 }
 
 QUEUE_KEYS = frozenset(
     field.name for field in dataclasses.fields(QueueConfig) if field.name not in ("name", "retry")
 )
 RETRY_KEYS = frozenset(field.name for field in dataclasses.fields(RetryPolicy))
-COMMAND_KEYS = frozenset({"client", "shutdown_timeout", "log_level", "log_format"})
+COMMAND_KEYS = frozenset(
+    {"client", "shutdown_timeout", "log_level", "log_format", "metrics_port", "metrics_host"}
+)
 RUNTIME_KEYS = frozenset(field.name for field in dataclasses.fields(RuntimeConfig))
 
 _TYPES: dict[str, str] = {
@@ -123,6 +127,8 @@ class WorkerSettings:
     shutdown_timeout: float = 30.0
     log_level: str = "INFO"
     log_format: LogFormat = "text"
+    metrics_port: int | None = None
+    metrics_host: str = "0.0.0.0"
 
     def check(self) -> None:
         """Build the configs now, so that a bad value fails before anything starts."""
@@ -254,6 +260,8 @@ def resolve(
     shutdown_timeout: float | None,
     log_level: str | None,
     log_format: str | None,
+    metrics_port: int | None = None,
+    metrics_host: str | None = None,
 ) -> WorkerSettings:
     """Settings from the file (if any) overlaid with what flags and the environment gave
     (``runtime``: setting name -> its text, None when not given)."""
@@ -268,6 +276,11 @@ def resolve(
     if chosen_format not in ("text", "json"):
         raise ValidationError(f"log_format must be 'text' or 'json', got {chosen_format!r}")
     settings.log_format = chosen_format
+    port = _first(metrics_port, worker.get("metrics_port"), -1)
+    if isinstance(port, bool) or not isinstance(port, int) or not -1 <= port <= 65535:
+        raise ValidationError(f"metrics_port must be a port number (0-65535), got {port!r}")
+    settings.metrics_port = None if port == -1 else port
+    settings.metrics_host = str(_first(metrics_host, worker.get("metrics_host"), "0.0.0.0"))
     settings.runtime = {key: value for key, value in worker.items() if key in RUNTIME_KEYS}
     for name, text in runtime.items():
         if text is not None:

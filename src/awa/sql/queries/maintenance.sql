@@ -171,3 +171,38 @@ SELECT n_dead_tup AS dead FROM pg_stat_user_tables WHERE relid = 'awa.jobs'::reg
 -- Run by the leader when dead rows pile up faster than autovacuum's naptime clears them
 -- (each job leaves about three: claim, completion, retention). Never inside a transaction.
 VACUUM awa.jobs
+
+-- name: queue_samples_store
+-- The leader's sample of every queue with live jobs (completed and cancelled jobs are not
+-- counted: their totals are the completion counters'). One pass over the live rows; the
+-- rows of queues without live jobs any more are removed in the same statement.
+WITH counted AS (
+    SELECT queue, state, count(*) AS n FROM awa.jobs
+    WHERE state NOT IN ('completed', 'cancelled')
+    GROUP BY queue, state
+), oldest AS (
+    SELECT queue, min(run_at) AS oldest_available_at FROM awa.jobs
+    WHERE state = 'available'
+    GROUP BY queue
+), sample AS (
+    SELECT c.queue, jsonb_object_agg(c.state, c.n) AS counts, o.oldest_available_at
+    FROM counted AS c LEFT JOIN oldest AS o ON o.queue = c.queue
+    GROUP BY c.queue, o.oldest_available_at
+), stored AS (
+    INSERT INTO awa.queue_samples AS s (queue, counts, oldest_available_at, sampled_at)
+    SELECT queue, counts, oldest_available_at, now() FROM sample
+    ON CONFLICT (queue) DO UPDATE
+    SET counts = EXCLUDED.counts,
+        oldest_available_at = EXCLUDED.oldest_available_at,
+        sampled_at = EXCLUDED.sampled_at
+    RETURNING s.queue
+)
+DELETE FROM awa.queue_samples AS s
+WHERE NOT EXISTS (SELECT 1 FROM stored WHERE stored.queue = s.queue)
+
+-- name: queue_samples
+-- What a metrics scrape reports: the last sample of each queue, with its age.
+SELECT queue, counts, EXTRACT(EPOCH FROM now() - oldest_available_at)::float8 AS lag,
+       EXTRACT(EPOCH FROM now() - sampled_at)::float8 AS sample_age
+FROM awa.queue_samples
+ORDER BY queue

@@ -1,0 +1,146 @@
+"""An HTTP endpoint for operators: ``/metrics`` (Prometheus), ``/healthz`` (liveness) and
+``/readyz`` (readiness), as an ASGI app (Starlette) to mount in your web app, or served by
+``awa worker --metrics-port``.
+
+The metrics are awa's OpenTelemetry instruments, exported by the OpenTelemetry Prometheus
+exporter: ``install_prometheus()`` gives the process an SDK ``MeterProvider`` with a
+``PrometheusMetricReader`` (unless one is configured already), and ``/metrics`` renders
+``prometheus_client``'s registry. Queue gauges come from the leader's last sample; the
+endpoint reads it before answering when no worker in this process keeps it fresh.
+
+``/readyz`` answers 200 when ``health_check(queues=False)`` finds the process healthy
+(database reachable and migrated, a maintenance leader, this worker's listener and
+heartbeat alive), else 503; both bodies are the findings as JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Protocol
+
+import psycopg
+from opentelemetry import metrics as otel_metrics
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from awa.errors import ValidationError
+from awa.observability.health import HealthCheck
+from awa.observability.metrics import sources
+from awa.observability.queue_samples import refresh_queue_samples
+
+log = logging.getLogger("awa.observability")
+
+# A scrape reads the queue samples again when the last read is older than this.
+SAMPLES_MAX_AGE = 1.0
+
+
+class EndpointClient(Protocol):
+    """What the endpoint needs of an ``AsyncClient``."""
+
+    async def health_check(self, *, queues: bool = True) -> HealthCheck: ...
+
+    def connection(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]: ...
+
+
+def install_prometheus() -> bool:
+    """Export awa's instruments to ``prometheus_client``'s registry: set an SDK
+    ``MeterProvider`` with a ``PrometheusMetricReader`` as the global one. Returns False
+    (and changes nothing) when the application set an SDK ``MeterProvider`` already: give
+    it a ``PrometheusMetricReader`` yourself then."""
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    if isinstance(otel_metrics.get_meter_provider(), MeterProvider):
+        return False
+    otel_metrics.set_meter_provider(MeterProvider(metric_readers=[PrometheusMetricReader()]))
+    return True
+
+
+def observability_app(
+    client: EndpointClient, *, registry: CollectorRegistry = REGISTRY
+) -> Starlette:
+    """The ``/metrics``, ``/healthz`` and ``/readyz`` app for ``client``."""
+
+    async def scrape(request: Request) -> Response:
+        if time.monotonic() - sources.sampled_at > SAMPLES_MAX_AGE:
+            try:
+                async with client.connection() as conn:
+                    await refresh_queue_samples(conn)
+            except Exception as error:  # the process's own metrics still answer
+                log.warning("metrics: could not read the queue samples (%s)", error)
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def alive(request: Request) -> Response:
+        return JSONResponse({"status": "alive"})
+
+    async def ready(request: Request) -> Response:
+        check = await client.health_check(queues=False)
+        body = {
+            "status": check.status,
+            "problems": check.problems,
+            "schema_version": check.schema_version,
+            "leader": check.leader.application_name if check.leader is not None else None,
+            "listener_connected": (
+                check.runtime.listener_connected if check.runtime is not None else None
+            ),
+            "heartbeat_alive": check.runtime.heartbeat_alive if check.runtime is not None else None,
+        }
+        return JSONResponse(body, status_code=200 if check.healthy else 503)
+
+    return Starlette(
+        routes=[
+            Route("/metrics", scrape, methods=["GET"]),
+            Route("/healthz", alive, methods=["GET"]),
+            Route("/readyz", ready, methods=["GET"]),
+        ]
+    )
+
+
+class EndpointServer:
+    """The app served on ``host:port`` by uvicorn on the running event loop, beside a
+    worker (``awa worker --metrics-port``). Signals stay the worker's."""
+
+    def __init__(self, client: EndpointClient, host: str, port: int) -> None:
+        import uvicorn
+
+        class _Server(uvicorn.Server):
+            @contextlib.contextmanager
+            def capture_signals(self) -> Iterator[None]:
+                yield  # the worker handles SIGTERM and SIGINT
+
+        # Bound here, so that a port in use is an error now, naming the port.
+        try:
+            self._socket = socket.create_server((host, port), reuse_port=False)
+        except OSError as error:
+            raise ValidationError(f"cannot serve metrics on {host}:{port}: {error}") from None
+        config = uvicorn.Config(
+            observability_app(client), log_level="warning", lifespan="off", access_log=False
+        )
+        self._server = _Server(config)
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def port(self) -> int:
+        port: int = self._socket.getsockname()[1]
+        return port
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(
+            self._server.serve(sockets=[self._socket]), name="awa-metrics-endpoint"
+        )
+
+    async def stop(self) -> None:
+        self._server.should_exit = True
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self._socket.close()
