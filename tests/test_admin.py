@@ -16,6 +16,7 @@ import awa
 from jobs_helpers import (
     Conn,
     count_jobs,
+    job_row,
     listening,
     must_job_row,
     notifications_so_far,
@@ -379,3 +380,35 @@ async def test_admin_runs_inside_the_callers_transaction(
 def test_admin_refuses_other_connection_types() -> None:
     with pytest.raises(TypeError, match="Connection"):
         awa.admin.get_job(object(), 1)  # type: ignore[call-overload]
+
+
+async def test_run_now_and_discard(client: awa.AsyncClient, conn: Conn) -> None:
+    later = await add(client, conn, run_at=dt.datetime(2099, 1, 1, tzinfo=dt.UTC))
+    assert later.state is awa.JobState.SCHEDULED
+    moved = awa.admin.run_now(conn, later.id)
+    assert moved is not None
+    assert moved.state is awa.JobState.AVAILABLE
+    assert awa.admin.run_now(conn, later.id) is None  # available already
+    set_state(conn, later.id, "running", attempt=1)
+    assert awa.admin.discard(conn, later.id) is False  # an attempt holds it
+    assert job_row(conn, later.id) is not None
+    set_state(conn, later.id, "failed")
+    assert awa.admin.discard(conn, later.id) is True
+    assert job_row(conn, later.id) is None
+    assert awa.admin.discard(conn, later.id) is False
+
+
+async def test_retry_and_discard_failed_by_ids(client: awa.AsyncClient, conn: Conn) -> None:
+    failed = [await add(client, conn, "failed", n=n) for n in range(3)]
+    waiting = await add(client, conn)
+    moved = awa.admin.retry_failed(conn, ids=[failed[0].id, waiting.id])
+    assert [job.id for job in moved] == [failed[0].id]
+    assert awa.admin.discard_failed(conn, ids=[failed[1].id, waiting.id]) == 1
+    assert job_row(conn, failed[1].id) is None
+    assert must_job_row(conn, failed[2].id)["state"] == "failed"
+    with pytest.raises(awa.ValidationError, match="exactly one of kind=, queue= or ids="):
+        awa.admin.retry_failed(conn, kind="report", ids=[1])
+    with pytest.raises(awa.ValidationError, match="exactly one of kind or ids="):
+        awa.admin.discard_failed(conn)
+    with pytest.raises(awa.ValidationError, match="job id must be an integer"):
+        awa.admin.discard_failed(conn, ids=["7"])  # type: ignore[list-item]

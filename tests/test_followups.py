@@ -597,7 +597,17 @@ async def test_enqueue_request_chain_sets_every_option(client: awa.AsyncClient, 
     assert follow_up["queue"] == "emails"
     assert follow_up["priority"] == 3
     assert follow_up["max_attempts"] == 7
-    assert follow_up["metadata"] == {"source": "signup", "n": 1}
+    assert follow_up["metadata"] == {
+        "source": "signup",
+        "n": 1,
+        # The lineage: the job whose outcome inserted it (the UI walks chains with it).
+        "awa:trigger": {
+            "id": trigger.id,
+            "kind": "signup",
+            "outcome": "completed",
+            "via": "follow_up",
+        },
+    }
     assert follow_up["tags"] == ["welcome", "v2"]
     assert follow_up["unique_key"] is not None
     assert follow_up["state"] == "scheduled"
@@ -630,7 +640,7 @@ async def test_with_opts_replaces_earlier_options(client: awa.AsyncClient, conn:
     assert follow_up["priority"] == 2  # the default again: with_opts replaced priority(1)
     assert follow_up["max_attempts"] == 3
     assert follow_up["tags"] == []
-    assert follow_up["metadata"] == {"after": True}  # set after with_opts, so it stays
+    assert follow_up["metadata"]["after"] is True  # set after with_opts, so it stays
 
 
 @pytest.mark.parametrize(

@@ -150,7 +150,15 @@ async def test_staged_follow_up_keeps_its_insert_options(
     assert staged["priority"] == 1
     assert staged["max_attempts"] == 3
     assert staged["tags"] == ["staged"]
-    assert staged["metadata"] == {"from": trigger.id}
+    assert staged["metadata"] == {
+        "from": trigger.id,
+        "awa:trigger": {
+            "id": trigger.id,
+            "kind": "stage_a",
+            "outcome": "completed",
+            "via": "staged",
+        },
+    }
     assert staged["state"] == "scheduled"
     assert staged["run_at"] == later
     assert staged["ordering_key"] == b"k"

@@ -12,6 +12,7 @@ apply (an unknown id, a finished job) return None rather than raising.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from awa.callbacks import (
@@ -47,6 +48,7 @@ __all__ = [
     "cancel_by_unique_key",
     "complete_external",
     "delete_cron_job",
+    "discard",
     "discard_failed",
     "drain_queue",
     "fail_external",
@@ -65,6 +67,7 @@ __all__ = [
     "retry",
     "retry_external",
     "retry_failed",
+    "run_now",
     "trigger_cron_job",
 ]
 
@@ -147,21 +150,45 @@ def retry(job_id: int) -> Statement[JobRow | None]:
     return Statement(query("retry_job"), {"id": _job_id(job_id)}, _one_job)
 
 
+def _job_ids(ids: Sequence[int] | None) -> list[int] | None:
+    return None if ids is None else [_job_id(job_id) for job_id in ids]
+
+
 @operation
-def retry_failed(*, kind: str | None = None, queue: str | None = None) -> Statement[list[JobRow]]:
-    """Run every failed job of one kind or one queue again; returns the jobs it moved.
+def retry_failed(
+    *, kind: str | None = None, queue: str | None = None, ids: Sequence[int] | None = None
+) -> Statement[list[JobRow]]:
+    """Run every failed job of one kind, of one queue, or of a list of ids again; returns
+    the jobs it moved (ids that are not failed jobs are left alone).
 
     A job whose unique key another job holds now stays failed (running it again would give
     the key two holders), and of failed jobs sharing a key only the newest runs again."""
-    if (kind is None) == (queue is None):
-        raise ValidationError("retry_failed() needs exactly one of kind= or queue=")
-    return Statement(query("retry_failed"), {"kind": kind, "queue": queue}, _jobs)
+    if [kind, queue, ids].count(None) != 2:
+        raise ValidationError("retry_failed() needs exactly one of kind=, queue= or ids=")
+    params = {"kind": kind, "queue": queue, "ids": _job_ids(ids)}
+    return Statement(query("retry_failed"), params, _jobs)
 
 
 @operation
-def discard_failed(kind: str) -> Statement[int]:
-    """Delete every failed job of a kind; returns how many."""
-    return Statement(query("discard_failed"), {"kind": check_name("kind", kind)}, _count)
+def discard_failed(kind: str | None = None, *, ids: Sequence[int] | None = None) -> Statement[int]:
+    """Delete every failed job of a kind, or of a list of ids; returns how many."""
+    if (kind is None) == (ids is None):
+        raise ValidationError("discard_failed() needs exactly one of kind or ids=")
+    params = {"kind": check_name("kind", kind) if kind is not None else None, "ids": _job_ids(ids)}
+    return Statement(query("discard_failed"), params, _count)
+
+
+@operation
+def discard(job_id: int) -> Statement[bool]:
+    """Delete a job that no attempt holds (not running, not waiting on a callback: cancel
+    those first); False when it is unknown or held."""
+    return Statement(query("discard_job"), {"id": _job_id(job_id)}, lambda rows: bool(rows))
+
+
+@operation
+def run_now(job_id: int) -> Statement[JobRow | None]:
+    """Make a scheduled or retryable job available at once; None if it is neither."""
+    return Statement(query("run_job_now"), {"id": _job_id(job_id)}, _one_job)
 
 
 @operation

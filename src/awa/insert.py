@@ -215,6 +215,21 @@ def _check_opts(opts: InsertOpts, rules: InsertRules) -> CheckedOpts:
     )
 
 
+LINEAGE = "awa:trigger"
+"""Metadata key of a follow-up's lineage: ``{"id", "kind", "outcome", "via"}`` of the job
+whose outcome inserted it (``via``: ``"follow_up"`` for an ``on_*_enqueue`` spec,
+``"staged"`` for ``job.enqueue_on_completion``). Kept in the follow-up's own row, so the
+chain survives the retention of either side."""
+
+
+def with_lineage(job: PreparedJob, trigger_id: int, kind: str, outcome: str, via: str) -> None:
+    """Record in ``job``'s metadata the job whose outcome inserts it."""
+    entry = orjson.dumps({"id": trigger_id, "kind": kind, "outcome": outcome, "via": via})
+    head = f'"{LINEAGE}":{entry.decode()}'
+    metadata = job.metadata_json
+    job.metadata_json = "{" + head + ("}" if metadata == "{}" else "," + metadata[1:])
+
+
 def prepare_job(
     args: Any,
     *,

@@ -2,7 +2,7 @@
 
 ``awa.cli.group`` holds the click group ``main`` and the helpers command modules share; each
 command group lives in a module of its own (``jobs``, ``queues``, ``db``, ``callbacks``,
-``cron``, ``health``, ``worker``, ``bench``, ``demo``) that imports only ``awa.cli.group``.
+``cron``, ``health``, ``worker``, ``ui``, ``bench``, ``demo``) that imports only ``awa.cli.group``.
 Importing this package assembles them: ``awa.cli.main`` is the whole command.
 """
 
@@ -15,6 +15,7 @@ from awa.cli import (  # noqa: F401 - each module adds its commands to ``main``
     health,
     jobs,
     queues,
+    ui,
     worker,
 )
 from awa.cli.group import (

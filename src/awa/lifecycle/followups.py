@@ -30,6 +30,7 @@ from awa.insert import (
     SkippingInsert,
     insert_skipping_duplicates_flow,
     prepare_job,
+    with_lineage,
 )
 from awa.kinds import decode_args
 from awa.lifecycle.events import RescueReason
@@ -191,9 +192,11 @@ async def prepare_follow_ups(
         if request is None:
             continue
         try:
-            prepared.append(prepare_job(request, kind=None, opts=defaults, rules=rules))
+            follow_up = prepare_job(request, kind=None, opts=defaults, rules=rules)
         except Exception as error:
             raise FollowUpError(f"{spec.name}: invalid follow-up: {error}") from error
+        with_lineage(follow_up, job.id, job.kind, context.trigger.value, "follow_up")
+        prepared.append(follow_up)
     return prepared
 
 

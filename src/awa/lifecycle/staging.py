@@ -24,7 +24,7 @@ import pydantic
 import pydantic_core
 
 from awa.errors import StagingError, ValidationError
-from awa.insert import InsertRules, PreparedJob, prepare_job, split_kwargs
+from awa.insert import InsertRules, PreparedJob, prepare_job, split_kwargs, with_lineage
 from awa.kinds import dump_json
 from awa.model import InsertOpts
 
@@ -120,8 +120,14 @@ class AttemptBuffer:
         self.output = self.output_json = None
         return dropped
 
-    def prepared(self) -> list[PreparedJob]:
-        return [item.prepared for item in self.staged]
+    def prepared(self, trigger_id: int, kind: str) -> list[PreparedJob]:
+        """The staged jobs to insert, each naming the completed job in its lineage."""
+        jobs = []
+        for item in self.staged:
+            job = dataclasses.replace(item.prepared)
+            with_lineage(job, trigger_id, kind, "completed", "staged")
+            jobs.append(job)
+        return jobs
 
 
 class StagingJob(Protocol):

@@ -1,4 +1,5 @@
-"""Reading the leader's queue samples (``awa.queue_samples``) into the queue gauges."""
+"""The leader's queue samples (``awa.queue_samples``): taking one, and reading them into the
+queue gauges."""
 
 from __future__ import annotations
 
@@ -13,6 +14,12 @@ from psycopg.rows import dict_row
 
 from awa.observability.metrics import QueueSample, set_queue_samples
 from awa.sql import query
+
+
+async def store_queue_samples(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Count every queue's jobs now and store the sample (the leader's duty; the UI's too
+    when no leader has sampled for a while)."""
+    await conn.execute(query("queue_samples_store"))
 
 
 async def refresh_queue_samples(conn: psycopg.AsyncConnection[Any]) -> list[QueueSample]:

@@ -343,7 +343,8 @@ class Finalizer:
             buffer = job._extras
             if trigger is Trigger.COMPLETED and buffer is not None and buffer.staged:
                 with _insert_failures("inserting the follow-ups staged by the handler"):
-                    staged = await drive_async(conn, follow_up_flow(buffer.prepared()))
+                    jobs = buffer.prepared(row.id, row.kind)
+                    staged = await drive_async(conn, follow_up_flow(jobs))
                 follow_ups.extend(staged.inserted)
         return _Transition(row, follow_ups, staged)
 

@@ -200,7 +200,8 @@ async def _plan(finalizer: Finalizer, job: Job[Any], duration: float, returned: 
             from_specs = await prepare_follow_ups(specs, trigger_row, _COMPLETED, rules, job._args)
     buffer = job._extras
     outcome = results.Completed(duration)
-    staged = buffer.prepared() if buffer is not None and commits_staged(job, outcome) else []
+    commits = buffer is not None and commits_staged(job, outcome)
+    staged = buffer.prepared(job.id, job.kind) if buffer is not None and commits else []
     return _Plan(job, duration, returned, row, from_specs, staged)
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 
-from awa.sql import query
+from awa.observability.queue_samples import store_queue_samples
 from awa.worker.maintenance import Duty
 
 # The share of time the leader may spend counting: the interval is at least this many
@@ -25,7 +25,7 @@ SAMPLING_SLACK = 20
 def queue_sampling_duty(interval: float) -> Duty:
     async def sample(conn: psycopg.AsyncConnection[Any]) -> None:
         started = time.monotonic()
-        await conn.execute(query("queue_samples_store"))
+        await store_queue_samples(conn)
         duty.interval = max(interval, SAMPLING_SLACK * (time.monotonic() - started))
 
     duty = Duty("queue sampling", interval, sample)

@@ -88,6 +88,7 @@ WITH failed AS (
     WHERE f.state = 'failed'
       AND (%(kind)s::text IS NULL OR f.kind = %(kind)s::text)
       AND (%(queue)s::text IS NULL OR f.queue = %(queue)s::text)
+      AND (%(ids)s::bigint[] IS NULL OR f.id = ANY(%(ids)s::bigint[]))
 ), chosen AS (
     SELECT id FROM failed WHERE NOT takes_key
     UNION ALL
@@ -114,9 +115,29 @@ CROSS JOIN LATERAL (SELECT pg_notify('awa_jobs', m.queue)) AS n
 
 -- name: discard_failed
 WITH gone AS (
-    DELETE FROM awa.jobs WHERE state = 'failed' AND kind = %(kind)s RETURNING 1
+    DELETE FROM awa.jobs
+    WHERE state = 'failed'
+      AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
+      AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+    RETURNING 1
 )
 SELECT count(*) AS count FROM gone
+
+-- name: discard_job
+-- Deletes a job no attempt holds: not while it runs or waits on a callback (cancel first).
+DELETE FROM awa.jobs
+WHERE id = %(id)s AND state NOT IN ('running', 'waiting_external')
+RETURNING id
+
+-- name: run_job_now
+-- A scheduled or retryable job becomes available at once (it keeps its attempt count).
+WITH moved AS (
+    UPDATE awa.jobs SET state = 'available', run_at = now()
+    WHERE id = %(id)s AND state IN ('scheduled', 'retryable')
+    RETURNING *
+)
+SELECT m.* FROM moved AS m
+CROSS JOIN LATERAL (SELECT pg_notify('awa_jobs', m.queue)) AS n
 
 -- name: pause_queue
 INSERT INTO awa.queues (queue, paused, paused_at, paused_by)

@@ -173,26 +173,37 @@ SELECT n_dead_tup AS dead FROM pg_stat_user_tables WHERE relid = 'awa.jobs'::reg
 VACUUM awa.jobs
 
 -- name: queue_samples_store
--- The leader's sample of every queue with live jobs (completed and cancelled jobs are not
--- counted: their totals are the completion counters'). One pass over the live rows; the
--- rows of queues without live jobs any more are removed in the same statement.
+-- The leader's sample of every queue with live jobs or jobs finished in the last hour: live
+-- jobs by state (completed and cancelled ones are not counted: their totals are the
+-- completion counters'), and the jobs finished in the last hour by state (the operator UI's
+-- throughput). One pass over the table; the rows of queues with neither any more are
+-- removed in the same statement.
 WITH counted AS (
-    SELECT queue, state, count(*) AS n FROM awa.jobs
-    WHERE state NOT IN ('completed', 'cancelled')
+    SELECT queue, state,
+           count(*) FILTER (WHERE state NOT IN ('completed', 'cancelled')) AS n,
+           count(*) FILTER (WHERE finalized_at > now() - interval '1 hour') AS finished
+    FROM awa.jobs
+    WHERE state NOT IN ('completed', 'cancelled') OR finalized_at > now() - interval '1 hour'
     GROUP BY queue, state
 ), oldest AS (
     SELECT queue, min(run_at) AS oldest_available_at FROM awa.jobs
     WHERE state = 'available'
     GROUP BY queue
 ), sample AS (
-    SELECT c.queue, jsonb_object_agg(c.state, c.n) AS counts, o.oldest_available_at
+    SELECT c.queue,
+           COALESCE(jsonb_object_agg(c.state, c.n) FILTER (WHERE c.n > 0), '{}') AS counts,
+           COALESCE(jsonb_object_agg(c.state, c.finished) FILTER (WHERE c.finished > 0), '{}')
+               AS finished_hour,
+           o.oldest_available_at
     FROM counted AS c LEFT JOIN oldest AS o ON o.queue = c.queue
     GROUP BY c.queue, o.oldest_available_at
 ), stored AS (
-    INSERT INTO awa.queue_samples AS s (queue, counts, oldest_available_at, sampled_at)
-    SELECT queue, counts, oldest_available_at, now() FROM sample
+    INSERT INTO awa.queue_samples AS s
+        (queue, counts, finished_hour, oldest_available_at, sampled_at)
+    SELECT queue, counts, finished_hour, oldest_available_at, now() FROM sample
     ON CONFLICT (queue) DO UPDATE
     SET counts = EXCLUDED.counts,
+        finished_hour = EXCLUDED.finished_hour,
         oldest_available_at = EXCLUDED.oldest_available_at,
         sampled_at = EXCLUDED.sampled_at
     RETURNING s.queue

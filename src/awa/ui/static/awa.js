@@ -1,0 +1,44 @@
+// awa operator UI: small enhancements; every page works without them.
+"use strict";
+
+// Pages with a [data-refresh] block re-read themselves every few seconds.
+function keepFresh(block) {
+  const seconds = parseFloat(block.dataset.refresh) || 5;
+  setInterval(async () => {
+    if (document.hidden) return;
+    try {
+      const response = await fetch(location.href, { headers: { "Accept": "text/html" } });
+      if (!response.ok) return;
+      const page = new DOMParser().parseFromString(await response.text(), "text/html");
+      const fresh = page.getElementById(block.id);
+      if (fresh) block.innerHTML = fresh.innerHTML;
+    } catch (error) { /* the next tick tries again */ }
+  }, seconds * 1000);
+}
+
+// A running job's page shows its progress live, and reloads when the job leaves running.
+function followProgress(node) {
+  const timer = setInterval(async () => {
+    try {
+      const response = await fetch(node.dataset.progressUrl);
+      if (!response.ok) return;
+      const live = await response.json();
+      node.textContent = JSON.stringify(live.progress, null, 2);
+      if (live.state !== node.dataset.state) { clearInterval(timer); location.reload(); }
+    } catch (error) { /* the next tick tries again */ }
+  }, 1000);
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  document.querySelectorAll("[data-refresh]").forEach(keepFresh);
+  document.querySelectorAll("[data-progress-url]").forEach((node) => {
+    if (["running", "available", "scheduled", "retryable", "waiting_external"].includes(node.dataset.state)) {
+      followProgress(node);
+    }
+  });
+  document.querySelectorAll("[data-select-all]").forEach((box) => {
+    box.addEventListener("change", () => {
+      box.closest("form").querySelectorAll("input[name=ids]").forEach((item) => { item.checked = box.checked; });
+    });
+  });
+});
