@@ -263,3 +263,19 @@ def test_rejects_a_name_postgres_would_truncate(server_url: str) -> None:
     assert result.exit_code == 1
     assert result.stderr == ("error: --scratch-database must be a database name of 1 to 63 bytes\n")
     assert comment_of(server_url, "b" * 63) is None
+
+
+def test_ui_pages_bench_runs(server_url: str) -> None:
+    """bench/ui_pages.py keeps working (on a small table here; 1,000,000 jobs by default)."""
+    script = Path(__file__).resolve().parent.parent / "bench" / "ui_pages.py"
+    result = subprocess.run(
+        [sys.executable, str(script), "--jobs", "3000", "--runs", "1"],
+        env={**os.environ, "DATABASE_URL": server_url},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "jobs, args text" in result.stdout
+    assert "failures" in result.stdout

@@ -96,6 +96,7 @@ async def jobs(request: Request) -> Response:
         "page_of_jobs": page,
         "states": list(JobState),
         "counts": counts,
+        "search_window": reads.SEARCH_WINDOW,
         "page": "jobs",
     }
     return ui.render(request, "jobs.html", context)

@@ -18,6 +18,9 @@ from awa.observability.queue_samples import store_queue_samples
 from awa.sql import query
 
 PAGE_SIZE = 50
+SEARCH_WINDOW = 100_000
+"""A search in the arguments' text looks at this many of the newest jobs (by id): it reads
+each row, so it is bounded like every other list."""
 STALE_SAMPLE_SECONDS = 60.0
 """Samples older than this (no leader running) are refreshed by the page that reads them."""
 TERMINAL = (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED)
@@ -134,6 +137,7 @@ class JobFilter:
             "text": self.text,
             "after_id": self.after_id,
             "after_run_at": self.after_run_at,
+            "search_window": SEARCH_WINDOW,
             "limit": limit,
         }
 

@@ -58,6 +58,9 @@ WHERE (%(state)s::awa.job_state IS NULL OR state = %(state)s::awa.job_state)
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
   AND (%(tag)s::text IS NULL OR tags @> ARRAY[%(tag)s::text])
   AND (%(text)s::text IS NULL OR strpos(args::text, %(text)s::text) > 0)
+  -- A text search reads rows one by one: it looks at the newest jobs only.
+  AND (%(text)s::text IS NULL
+       OR id > (SELECT max(id) FROM awa.jobs) - %(search_window)s::bigint)
   AND (%(after_id)s::bigint IS NULL OR id < %(after_id)s::bigint)
 ORDER BY id DESC
 LIMIT %(limit)s
@@ -75,6 +78,9 @@ WHERE (%(state)s::awa.job_state IS NULL OR state = %(state)s::awa.job_state)
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
   AND (%(tag)s::text IS NULL OR tags @> ARRAY[%(tag)s::text])
   AND (%(text)s::text IS NULL OR strpos(args::text, %(text)s::text) > 0)
+  -- A text search reads rows one by one: it looks at the newest jobs only.
+  AND (%(text)s::text IS NULL
+       OR id > (SELECT max(id) FROM awa.jobs) - %(search_window)s::bigint)
   AND (%(after_id)s::bigint IS NULL
        OR (run_at, id) > (%(after_run_at)s::timestamptz, %(after_id)s::bigint))
 ORDER BY run_at, id

@@ -16,14 +16,15 @@ function keepFresh(block) {
   }, seconds * 1000);
 }
 
-// A running job's page shows its progress live, and reloads when the job leaves running.
-function followProgress(node) {
+// An unfinished job's page follows it: progress live, and a reload when its state changes.
+function followJob(node) {
+  const progress = document.getElementById("progress");
   const timer = setInterval(async () => {
     try {
-      const response = await fetch(node.dataset.progressUrl);
+      const response = await fetch(node.dataset.liveUrl);
       if (!response.ok) return;
       const live = await response.json();
-      node.textContent = JSON.stringify(live.progress, null, 2);
+      if (progress && live.progress !== null) progress.textContent = JSON.stringify(live.progress, null, 2);
       if (live.state !== node.dataset.state) { clearInterval(timer); location.reload(); }
     } catch (error) { /* the next tick tries again */ }
   }, 1000);
@@ -31,10 +32,8 @@ function followProgress(node) {
 
 document.addEventListener("DOMContentLoaded", () => {
   document.querySelectorAll("[data-refresh]").forEach(keepFresh);
-  document.querySelectorAll("[data-progress-url]").forEach((node) => {
-    if (["running", "available", "scheduled", "retryable", "waiting_external"].includes(node.dataset.state)) {
-      followProgress(node);
-    }
+  document.querySelectorAll("[data-live-url]").forEach((node) => {
+    if (!["completed", "failed", "cancelled"].includes(node.dataset.state)) followJob(node);
   });
   document.querySelectorAll("[data-select-all]").forEach((box) => {
     box.addEventListener("change", () => {
