@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar, Unpack
@@ -34,6 +35,7 @@ from awa.insert import (
     MAX_METADATA_BYTES,
     InsertKwargs,
     InsertRules,
+    TaskDefaults,
     prepare_job,
     prepare_many,
     split_kwargs,
@@ -43,7 +45,7 @@ from awa.lifecycle.followups import FollowUpRegistry
 from awa.lifecycle.hooks import HookDispatcher, HookRegistry
 from awa.lifecycle.registration import LifecycleRegistration
 from awa.migrations import check_version, migrate_async, schema_version_flow
-from awa.model import DEFAULT_MAX_ATTEMPTS, DEFAULT_PRIORITY, JobRow, JobState
+from awa.model import DEFAULT_MAX_ATTEMPTS, DEFAULT_PRIORITY, JobRow, JobState, UniqueOpts
 from awa.observability.health import (
     DEFAULT_UNSERVED_AFTER,
     HEALTH_CHECK_TIMEOUT,
@@ -58,6 +60,7 @@ from awa.transaction import (
     Transaction,
     insert_prepared_async,
 )
+from awa.worker.config import RetryPolicy
 from awa.worker.cron import store_schedules
 from awa.worker.limits import store_limits
 from awa.worker.registry import TaskRegistry
@@ -103,7 +106,9 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
         self._hooks = HookRegistry()
         # Every insert of this client (follow-ups and staged ones too): the queue of each
         # kind's task for inserts that name none, and the size limits.
-        self._insert_rules = InsertRules(self._tasks.routes, max_args_bytes, max_metadata_bytes)
+        self._insert_rules = InsertRules(
+            self._tasks.routes, max_args_bytes, max_metadata_bytes, self._tasks.defaults
+        )
         self._follow_ups = FollowUpRegistry(self._insert_rules)
         # Single inserts crowding in from many coroutines share round trips and commits.
         self._periodic: dict[str, PeriodicJob] = {}
@@ -227,16 +232,35 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
     # Worker -------------------------------------------------------------------------------
 
     def task(
-        self, args_type: type[Any] | None, *, kind: str | None = None, queue: str = "default"
+        self,
+        args_type: type[Any] | None,
+        *,
+        kind: str | None = None,
+        queue: str = "default",
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        unique_opts: UniqueOpts | Mapping[str, Any] | None = None,
+        deadline_duration: float | dt.timedelta | None = None,
+        retry: RetryPolicy | None = None,
     ) -> Callable[[H], H]:
         """Register a handler for jobs of ``args_type`` (kind derived from its name unless
         given). Use as a decorator; ``async def`` handlers run on the event loop, plain
-        ``def`` handlers in a thread pool. The handler receives an ``awa.Job``."""
+        ``def`` handlers in a thread pool. The handler receives an ``awa.Job``.
+
+        ``queue``, ``priority``, ``max_attempts``, ``unique_opts`` and ``deadline_duration``
+        are the defaults of this kind's inserts through this client (follow-ups and staged
+        ones included): an insert's own options win. ``retry`` (an ``awa.RetryPolicy``)
+        replaces the queue's backoff for this kind's failed attempts."""
+        defaults = TaskDefaults(
+            priority, max_attempts, UniqueOpts.coerce(unique_opts), deadline_duration
+        )
 
         def register(handler: H) -> H:
             if self._runtime is not None:
                 raise AwaError("register tasks before start()")
-            self._tasks.add(args_type, handler, kind=kind, queue=queue)
+            self._tasks.add(
+                args_type, handler, kind=kind, queue=queue, defaults=defaults, retry=retry
+            )
             return handler
 
         return register

@@ -48,11 +48,46 @@ MAX_METADATA_BYTES = 256 * 1024
 """Default limit of a job's metadata, serialized as JSON (UTF-8 bytes)."""
 
 
+_DEFAULTABLE = ("priority", "max_attempts", "unique", "deadline_duration")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TaskDefaults:
+    """Options a kind's task gives its jobs unless an insert sets them
+    (``client.task(Args, priority=1, max_attempts=5, ...)``)."""
+
+    priority: int | None = None
+    max_attempts: int | None = None
+    unique: UniqueOpts | None = None
+    deadline_duration: float | dt.timedelta | None = None
+
+    def __post_init__(self) -> None:
+        # Checked like an insert's options, naming the option.
+        InsertOpts(
+            priority=self.priority if self.priority is not None else DEFAULT_PRIORITY,
+            max_attempts=(
+                self.max_attempts if self.max_attempts is not None else DEFAULT_MAX_ATTEMPTS
+            ),
+            unique=self.unique,
+            deadline_duration=self.deadline_duration,
+        ).validated()
+
+    def apply(self, opts: InsertOpts) -> InsertOpts:
+        """``opts`` with these defaults for every option it does not set itself."""
+        changes = {
+            name: getattr(self, name)
+            for name in _DEFAULTABLE
+            if name not in opts.given and getattr(self, name) is not None
+        }
+        return dataclasses.replace(opts, **changes) if changes else opts
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class InsertRules:
     """What a client decides for every job it inserts, follow-ups and staged ones included:
     ``routes`` (kind -> the queue its task was registered on) sends a job whose insert names
-    no queue to its task's queue, else ``"default"``; args and metadata may not exceed
+    no queue to its task's queue, else ``"default"``; ``defaults`` (kind -> TaskDefaults)
+    fill the options an insert leaves unset; args and metadata may not exceed
     ``max_args_bytes`` and ``max_metadata_bytes`` as JSON."""
 
     routes: Mapping[str, str] = dataclasses.field(
@@ -60,6 +95,9 @@ class InsertRules:
     )
     max_args_bytes: int = MAX_ARGS_BYTES
     max_metadata_bytes: int = MAX_METADATA_BYTES
+    defaults: Mapping[str, TaskDefaults] = dataclasses.field(
+        default_factory=lambda: types.MappingProxyType({})
+    )
 
     def __post_init__(self) -> None:
         for field in ("max_args_bytes", "max_metadata_bytes"):
@@ -250,9 +288,14 @@ def prepare_job(
             checked = None
         opts = request_opts
         args = args.args
+    job_kind = check_name("kind", kind_for(args, kind))
+    defaults = rules.defaults.get(job_kind)
+    if defaults is not None:
+        with_defaults = defaults.apply(opts)
+        if with_defaults is not opts:
+            opts, checked = with_defaults, None
     if checked is None:
         checked = check_opts(opts, rules)
-    job_kind = check_name("kind", kind_for(args, kind))
     queue = rules.queue_for(job_kind, opts.queue)
     encoder = args_encoder(type(args))
     return _prepared(job_kind, queue, args, encoder, opts, checked, rules.max_args_bytes)
@@ -366,8 +409,12 @@ def _split(kwargs: Mapping[str, Any]) -> tuple[str | None, InsertOpts]:
         ordering_key=kwargs.get("ordering_key"),
         deadline_duration=kwargs.get("deadline_duration"),
         concurrency_key=kwargs.get("concurrency_key"),
+        given=frozenset(_GIVEN_NAMES.get(name, name) for name in kwargs),
     )
     return kwargs.get("kind"), opts
+
+
+_GIVEN_NAMES = {"unique_opts": "unique"}
 
 
 class BatchPreparer:
@@ -382,7 +429,7 @@ class BatchPreparer:
         self._opts = opts
         self._rules = rules
         self.checked = check_opts(opts, rules)
-        self._by_type: dict[type[Any], tuple[str, str, Encoder]] = {}
+        self._by_type: dict[type[Any], tuple[str, str, Encoder, InsertOpts, CheckedOpts]] = {}
 
     def prepare(self, index: int, item: Any) -> PreparedJob:
         """Job ``index`` of the batch; a ValidationError names the index."""
@@ -398,12 +445,17 @@ class BatchPreparer:
                         rules=self._rules,
                     )
                 job_kind = check_name("kind", kind_for(item, self._kind))
-                queue = self._rules.queue_for(job_kind, self._opts.queue)
-                cached = (job_kind, queue, args_encoder(type(item)))
+                opts, checked = self._opts, self.checked
+                defaults = self._rules.defaults.get(job_kind)
+                if defaults is not None and defaults.apply(opts) is not opts:
+                    opts = defaults.apply(opts)
+                    checked = check_opts(opts, self._rules)
+                queue = self._rules.queue_for(job_kind, opts.queue)
+                cached = (job_kind, queue, args_encoder(type(item)), opts, checked)
                 self._by_type[type(item)] = cached
-            job_kind, queue, encoder = cached
+            job_kind, queue, encoder, opts, checked = cached
             limit = self._rules.max_args_bytes
-            return _prepared(job_kind, queue, item, encoder, self._opts, self.checked, limit)
+            return _prepared(job_kind, queue, item, encoder, opts, checked, limit)
         except ValidationError as error:
             raise ValidationError(f"job {index}: {error}") from None
 

@@ -169,6 +169,9 @@ class InsertOpts:
     ordering_key: bytes | str | None = None
     deadline_duration: float | dt.timedelta | None = None
     concurrency_key: str | None = None
+    given: frozenset[str] = frozenset()
+    """The options the caller set explicitly; the others may take the defaults of the
+    kind's task (``client.task(..., priority=...)``)."""
 
     def validated(self) -> InsertOpts:
         """Check every option against its limit; returns self or raises ValidationError."""
@@ -353,15 +356,16 @@ class EnqueueRequest(Generic[A]):
         """The options this request inserts with, over the given defaults."""
         if not self._opts:
             return defaults
+        changes = {**self._opts, "given": defaults.given | frozenset(self._opts)}
         try:
             # Follow-up closures build equal requests for every job: reuse the options. The
             # types are part of the key, since True == 1 must not pass for a priority.
             key = (defaults, *((name, value, type(value)) for name, value in self._opts.items()))
             resolved = _RESOLVED.get(key)
         except TypeError:  # a list of tags, a metadata dict: not hashable
-            return dataclasses.replace(defaults, **self._opts)
+            return dataclasses.replace(defaults, **changes)
         if resolved is None:
-            resolved = dataclasses.replace(defaults, **self._opts)
+            resolved = dataclasses.replace(defaults, **changes)
             if len(_RESOLVED) >= _RESOLVED_LIMIT:
                 _RESOLVED.clear()
             _RESOLVED[key] = resolved

@@ -7,9 +7,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from awa.errors import ValidationError
+from awa.insert import TaskDefaults
 from awa.kinds import derive_kind
 from awa.lifecycle.hooks import is_async_callable
 from awa.model import check_name
+from awa.worker.config import RetryPolicy
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -21,6 +23,8 @@ class Task:
     handler: Callable[..., Any]
     queue: str
     is_async: bool
+    retry: RetryPolicy | None = None
+    """Backoff for this kind's failed attempts, instead of its queue's."""
 
 
 class TaskRegistry:
@@ -28,7 +32,9 @@ class TaskRegistry:
         self._tasks: dict[str, Task] = {}
         self.routes: dict[str, str] = {}
         """kind -> the queue its task was registered on: where inserts without ``queue=``
-        send it (``awa.insert.Routes``)."""
+        send it (``awa.insert.InsertRules.routes``)."""
+        self.defaults: dict[str, TaskDefaults] = {}
+        """kind -> the insert options its task sets (``InsertRules.defaults``)."""
 
     def add(
         self,
@@ -37,6 +43,8 @@ class TaskRegistry:
         *,
         kind: str | None,
         queue: str,
+        defaults: TaskDefaults | None = None,
+        retry: RetryPolicy | None = None,
     ) -> Task:
         if kind is None:
             if args_type is None or not isinstance(args_type, type):
@@ -46,9 +54,15 @@ class TaskRegistry:
         check_name("queue", queue)
         if not callable(handler):
             raise ValidationError(f"the handler for {kind!r} is not callable")
-        task = Task(kind, args_type, handler, queue, is_async_callable(handler))
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise ValidationError(f"task {kind!r}: retry must be an awa.RetryPolicy")
+        task = Task(kind, args_type, handler, queue, is_async_callable(handler), retry)
         self._tasks[kind] = task
         self.routes[kind] = queue
+        if defaults is not None and defaults != TaskDefaults():
+            self.defaults[kind] = defaults
+        else:
+            self.defaults.pop(kind, None)
         return task
 
     def get(self, kind: str) -> Task | None:

@@ -512,9 +512,11 @@ class Runtime:
         delay = 0.05
         while True:
             try:
+                task = self.registry.get(job.kind)
+                retry = task.retry if task is not None and task.retry is not None else queue.retry
                 async with self._host.connection() as conn:
                     committed = await self._finalizer.commit(
-                        conn, job, outcome, queue.retry, follow_ups=follow_ups
+                        conn, job, outcome, retry, follow_ups=follow_ups
                     )
                 self._save_failures.succeeded()
                 return committed
