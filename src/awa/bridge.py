@@ -20,12 +20,19 @@ import re
 import sys
 import zoneinfo
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, TypeVar, Unpack
 
 import psycopg
 
 from awa.db import CopyStatement, Flow, Statement, run_async, run_sync
-from awa.insert import InsertKwargs, insert_flow, prepare_job, split_kwargs
+from awa.insert import (
+    DEFAULT_RULES,
+    InsertKwargs,
+    InsertRules,
+    insert_flow,
+    prepare_job,
+    split_kwargs,
+)
 from awa.model import JobRow
 
 if TYPE_CHECKING:
@@ -48,7 +55,7 @@ if TYPE_CHECKING:
         | django.db.backends.base.base.BaseDatabaseWrapper
     )
 
-__all__ = ["insert_job", "insert_job_sync"]
+__all__ = ["HasInsertRules", "insert_job", "insert_job_sync"]
 
 R = TypeVar("R")
 Rows = list[dict[str, Any]]
@@ -64,24 +71,48 @@ _JSON_OIDS = frozenset({114, 3802})
 _TOKEN = re.compile(r"%\((\w+)\)s|%%|%|:")
 
 
+class HasInsertRules(Protocol):
+    """A client whose task routes and defaults an insert follows (``AsyncClient``)."""
+
+    @property
+    def insert_rules(self) -> InsertRules: ...
+
+
+def _rules(client: HasInsertRules | None) -> InsertRules:
+    return client.insert_rules if client is not None else DEFAULT_RULES
+
+
 async def insert_job(
-    conn: AsyncConnectionLike, args: Any, **kwargs: Unpack[InsertKwargs]
+    conn: AsyncConnectionLike,
+    args: Any,
+    *,
+    client: HasInsertRules | None = None,
+    **kwargs: Unpack[InsertKwargs],
 ) -> JobRow:
     """Insert one job in the transaction open on ``conn`` (options as ``AsyncClient.insert``).
 
-    Raises ``ValidationError`` before any SQL runs and ``UniqueConflict`` (naming the
-    holder's id) when a unique key is taken.
+    ``client``: an ``AsyncClient`` whose task routes and per-task defaults apply (without
+    one, a job without ``queue=`` goes to ``"default"``). Raises ``ValidationError`` before
+    any SQL runs and ``UniqueConflict`` (naming the holder's id) when a unique key is taken.
     """
     run = _async_runner(conn)
     kind, opts = split_kwargs("insert_job", kwargs)
-    return (await _drive_async(run, insert_flow([prepare_job(args, kind=kind, opts=opts)])))[0]
+    prepared = prepare_job(args, kind=kind, opts=opts, rules=_rules(client))
+    return (await _drive_async(run, insert_flow([prepared])))[0]
 
 
-def insert_job_sync(conn: SyncConnectionLike, args: Any, **kwargs: Unpack[InsertKwargs]) -> JobRow:
+def insert_job_sync(
+    conn: SyncConnectionLike,
+    args: Any,
+    *,
+    client: HasInsertRules | None = None,
+    **kwargs: Unpack[InsertKwargs],
+) -> JobRow:
     """Blocking twin of :func:`insert_job` for psycopg, SQLAlchemy and Django connections."""
     run = _sync_runner(conn)
     kind, opts = split_kwargs("insert_job_sync", kwargs)
-    return _drive_sync(run, insert_flow([prepare_job(args, kind=kind, opts=opts)]))[0]
+    prepared = prepare_job(args, kind=kind, opts=opts, rules=_rules(client))
+    return _drive_sync(run, insert_flow([prepared]))[0]
 
 
 # --- Driving a flow through any driver ----------------------------------------------------

@@ -121,6 +121,12 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
     def application_name(self) -> str:
         return self._application_name
 
+    @property
+    def insert_rules(self) -> InsertRules:
+        """How this client inserts: task routes, per-task defaults, size limits (pass the
+        client to ``awa.bridge.insert_job(..., client=client)`` to insert the same way)."""
+        return self._insert_rules
+
     async def database_url(self) -> str:
         """The connection string in use (starting the embedded server if that is the one)."""
         if self._resolved_url is None:

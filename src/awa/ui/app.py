@@ -12,7 +12,7 @@ from starlette.staticfiles import StaticFiles
 from awa.client import AsyncClient
 from awa.ui import actions, pages
 from awa.ui.context import Ui, templates
-from awa.ui.security import Authenticated, ReadOnly, parse_credentials
+from awa.ui.security import Authenticated, OwnRouter, ReadOnly, parse_credentials
 
 
 def create_app(
@@ -59,6 +59,7 @@ def create_app(
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=pages.ERROR_HANDLERS)
     app.state.awa_ui = ui
+    app.add_middleware(OwnRouter, router=app.router)
     if read_only:
         app.add_middleware(ReadOnly)
     if auth is not None:

@@ -83,6 +83,23 @@ def clear_flash(request: Request, response: Response) -> None:
     response.delete_cookie(FLASH_COOKIE, path=cookie_path(request))
 
 
+class OwnRouter:
+    """Makes ``url_for`` resolve the UI's own route names wherever it is mounted: Starlette
+    looks names up in the outermost application's router, where a named mount would
+    require qualified names; the UI's router with the mount's root path gives the same
+    URLs under any prefix."""
+
+    def __init__(self, app: ASGIApp, router: Any) -> None:
+        self.app = app
+        self.router = router
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            scope["router"] = self.router
+            scope["app_root_path"] = scope.get("root_path", "")  # URLs start at the mount
+        await self.app(scope, receive, send)
+
+
 class ReadOnly:
     """Answers every request but GET and HEAD with 403."""
 
