@@ -1,0 +1,2 @@
+-- Reserved for 0007_dlq (being written).
+SELECT 1;

@@ -1,0 +1,2 @@
+-- Reserved for 0008_descriptors (being written).
+SELECT 1;
