@@ -68,7 +68,7 @@ def database_url(session_database: str) -> str:
         conn.execute(
             "DELETE FROM awa.jobs; DELETE FROM awa.queues; DELETE FROM awa.runtimes;"
             " DELETE FROM awa.cron_jobs; DELETE FROM awa.queue_limits;"
-            " DELETE FROM awa.queue_samples;"
+            " DELETE FROM awa.queue_samples; DELETE FROM awa.queue_retention;"
             " SELECT setval(pg_get_serial_sequence('awa.jobs', 'id'), 1, false)"
         )
     return session_database

@@ -3,7 +3,7 @@
 Jobs are rows in Postgres, inserted inside your own transaction and run by asyncio workers.
 """
 
-from awa import admin, bridge
+from awa import admin, bridge, migrations
 from awa.admin import CronJob, HeldBack, QueueLimits, QueueStats
 from awa.blocking_client import Client
 from awa.callbacks import ResolveResult
@@ -40,6 +40,7 @@ from awa.lifecycle.staging import (
     MAX_STAGED_FOLLOW_UPS,
     StagedFollowUp,
 )
+from awa.migrations import current_migration_version, migrate, migrations_range
 from awa.model import (
     EnqueueRequest,
     InsertOpts,
@@ -107,5 +108,9 @@ __all__ = [
     "__version__",
     "admin",
     "bridge",
+    "current_migration_version",
     "derive_kind",
+    "migrate",
+    "migrations",
+    "migrations_range",
 ]

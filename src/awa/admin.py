@@ -23,7 +23,7 @@ from awa.callbacks import (
     resume_external,
     retry_external,
 )
-from awa.db import Statement, operation
+from awa.db import Flow, Statement, operation
 from awa.errors import ValidationError
 from awa.insert import unique_key
 from awa.kinds import args_to_json_value, dump_json
@@ -44,6 +44,7 @@ __all__ = [
     "HeldBack",
     "QueueLimits",
     "QueueStats",
+    "RetryFailedResult",
     "cancel",
     "cancel_by_unique_key",
     "complete_external",
@@ -154,10 +155,32 @@ def _job_ids(ids: Sequence[int] | None) -> list[int] | None:
     return None if ids is None else [_job_id(job_id) for job_id in ids]
 
 
+class RetryFailedResult(list[JobRow]):
+    """The jobs ``retry_failed`` moved back to available (a list), with the reference
+    package's fields: ``jobs`` (the same list), ``matched`` (failed jobs the filter matched,
+    moved or left because another job holds their unique key) and ``pruned_failed_count``
+    (always None: retention here is the leader's business)."""
+
+    def __init__(self, jobs: list[JobRow], matched: int) -> None:
+        super().__init__(jobs)
+        self.matched = matched
+        self.pruned_failed_count: int | None = None
+
+    @property
+    def jobs(self) -> list[JobRow]:
+        return list(self)
+
+
+def _retry_failed_flow(params: dict[str, Any]) -> Flow[RetryFailedResult]:
+    matched = yield Statement(query("retry_failed_matched"), params, _count)
+    moved = yield Statement(query("retry_failed"), params, _jobs)
+    return RetryFailedResult(moved, matched)
+
+
 @operation
 def retry_failed(
     *, kind: str | None = None, queue: str | None = None, ids: Sequence[int] | None = None
-) -> Statement[list[JobRow]]:
+) -> Flow[RetryFailedResult]:
     """Run every failed job of one kind, of one queue, or of a list of ids again; returns
     the jobs it moved (ids that are not failed jobs are left alone).
 
@@ -166,7 +189,7 @@ def retry_failed(
     if [kind, queue, ids].count(None) != 2:
         raise ValidationError("retry_failed() needs exactly one of kind=, queue= or ids=")
     params = {"kind": kind, "queue": queue, "ids": _job_ids(ids)}
-    return Statement(query("retry_failed"), params, _jobs)
+    return _retry_failed_flow(params)
 
 
 @operation

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, Unpack
 
@@ -18,7 +18,7 @@ import psycopg_pool
 
 from awa import admin, callbacks
 from awa.admin import CronJob, QueueStats
-from awa.bulk_copy import copy_flow
+from awa.bulk_copy import copy_flow, with_per_job_opts
 from awa.callbacks.resolution import CallbackId
 from awa.db import (
     DEFAULT_APPLICATION_NAME,
@@ -137,10 +137,18 @@ class Client:
             with self.connection() as conn:
                 return insert_prepared_sync(conn, prepared)
 
-    def insert_many_copy(self, jobs: Iterable[Any], **kwargs: Unpack[InsertKwargs]) -> list[JobRow]:
-        kind, opts = split_kwargs("insert_many_copy", kwargs)
+    def insert_many_copy(
+        self,
+        jobs: Iterable[Any],
+        *,
+        opts: Sequence[Mapping[str, Any] | None] | None = None,
+        **kwargs: Unpack[InsertKwargs],
+    ) -> list[JobRow]:
+        jobs = with_per_job_opts(jobs, opts)
+        kind, opts_ = split_kwargs("insert_many_copy", kwargs)
+        rules = self._insert_rules
         with self.connection() as conn, conn.transaction():
-            return drive_sync(conn, copy_flow(jobs, kind=kind, opts=opts, rules=self._insert_rules))
+            return drive_sync(conn, copy_flow(jobs, kind=kind, opts=opts_, rules=rules))
 
     def transaction(self) -> SyncTransaction:
         """``with client.transaction() as tx:`` commits on success, rolls back on error."""
@@ -204,7 +212,9 @@ class Client:
         with self.connection() as conn:
             return admin.retry(conn, job_id)
 
-    def retry_failed(self, *, kind: str | None = None, queue: str | None = None) -> list[JobRow]:
+    def retry_failed(
+        self, *, kind: str | None = None, queue: str | None = None
+    ) -> admin.RetryFailedResult:
         with self.connection() as conn:
             return admin.retry_failed(conn, kind=kind, queue=queue)
 

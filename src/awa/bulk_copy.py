@@ -23,6 +23,38 @@ from awa.model import EnqueueRequest, InsertOpts, JobRow, JobState
 from awa.sql import query
 
 
+def with_per_job_opts(jobs: Iterable[Any], opts: Sequence[Any] | None) -> list[Any]:
+    """The reference package's ``insert_many_copy(jobs, opts=[...])``: one entry per job,
+    None or a dict of ``queue`` and ``ordering_key`` overriding the batch's options (an
+    explicit ``"ordering_key": None`` clears the batch's key for that job)."""
+    batch = list(jobs)
+    if opts is None:
+        return batch
+    if not isinstance(opts, Sequence) or isinstance(opts, str | bytes):
+        raise ValidationError("opts must be a list with one entry per job")
+    if len(opts) != len(batch):
+        raise ValidationError(
+            f"opts length must match jobs length (got {len(opts)}, expected {len(batch)})"
+        )
+    result = []
+    for item, entry in zip(batch, opts, strict=True):
+        if entry is None:
+            result.append(item)
+            continue
+        if not isinstance(entry, Mapping):
+            raise ValidationError("each opts entry must be a dict or None")
+        for key in entry:
+            if key not in ("queue", "ordering_key"):
+                raise ValidationError(
+                    f"unsupported opts key {key!r}; expected 'queue' or 'ordering_key'"
+                )
+        if "queue" in entry and not entry["queue"]:
+            raise ValidationError("opts queue must not be empty")
+        request = item if isinstance(item, EnqueueRequest) else EnqueueRequest(item)
+        result.append(request._with(**dict(entry)))
+    return result
+
+
 def copy_flow(
     items: Iterable[Any], *, kind: str | None, opts: InsertOpts, rules: InsertRules = DEFAULT_RULES
 ) -> Flow[list[JobRow]]:

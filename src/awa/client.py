@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import warnings
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar, Unpack
@@ -19,7 +20,7 @@ import psycopg_pool
 
 from awa import admin
 from awa.admin import CronJob, QueueStats
-from awa.bulk_copy import copy_flow
+from awa.bulk_copy import copy_flow, with_per_job_opts
 from awa.callbacks.resolution import CallbackResolution
 from awa.db import (
     DEFAULT_APPLICATION_NAME,
@@ -60,9 +61,10 @@ from awa.transaction import (
     Transaction,
     insert_prepared_async,
 )
+from awa.worker import reference_options
 from awa.worker.config import RetryPolicy
 from awa.worker.cron import store_schedules
-from awa.worker.limits import store_limits
+from awa.worker.limits import store_limits, store_retention
 from awa.worker.registry import TaskRegistry
 
 if TYPE_CHECKING:
@@ -212,12 +214,19 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
                 return await insert_prepared_async(conn, prepared)
 
     async def insert_many_copy(
-        self, jobs: Iterable[Any], **kwargs: Unpack[InsertKwargs]
+        self,
+        jobs: Iterable[Any],
+        *,
+        opts: Sequence[Mapping[str, Any] | None] | None = None,
+        **kwargs: Unpack[InsertKwargs],
     ) -> list[JobRow]:
-        """Bulk insert with COPY (atomic); same arguments as ``insert_many``."""
-        kind, opts = split_kwargs("insert_many_copy", kwargs)
+        """Bulk insert with COPY (atomic); same arguments as ``insert_many``. ``opts``: one
+        entry per job, None or a dict of ``queue`` / ``ordering_key`` for that job (the
+        reference package's form; an ``awa.EnqueueRequest`` per job does the same and more)."""
+        jobs = with_per_job_opts(jobs, opts)
+        kind, opts_ = split_kwargs("insert_many_copy", kwargs)
         async with self.connection() as conn, conn.transaction():
-            flow = copy_flow(jobs, kind=kind, opts=opts, rules=self._insert_rules)
+            flow = copy_flow(jobs, kind=kind, opts=opts_, rules=self._insert_rules)
             return await drive_async(conn, flow)
 
     def transaction(self) -> Transaction:
@@ -270,6 +279,17 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
             return handler
 
         return register
+
+    def worker(
+        self, args_type: type[Any] | None, *, kind: str | None = None, queue: str = "default"
+    ) -> Callable[[H], H]:
+        """Deprecated spelling of ``task`` (the reference package's former name)."""
+        warnings.warn(
+            "client.worker() is deprecated, use client.task() instead",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.task(args_type, kind=kind, queue=queue)
 
     def periodic(
         self,
@@ -336,6 +356,14 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
             raise AwaError("register at least one task (@client.task) before start()")
         # Exactly the queues given: a fleet may split one task module across processes, each
         # running some of its queues (jobs of the others are claimed elsewhere).
+        # The reference package's spellings (milliseconds, hours, a list of dicts with
+        # "name") become ours; both are accepted.
+        options, poll_interval = reference_options.runtime_options(options)
+        queues, from_queues = reference_options.queue_options(queues, poll_interval)
+        for name, value in from_queues.items():
+            if name in options:
+                raise ValidationError(f"start(): {name} is given twice (per queue and per worker)")
+            options[name] = value
         config = RuntimeConfig.from_options(options)
         configs = parse_queues(
             queues, self._tasks.queues(), global_max_workers=config.global_max_workers
@@ -345,6 +373,7 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
             # Declared schedules are stored before anything runs (never deleting others').
             await store_schedules(conn, self._periodic.values(), self._insert_rules)
             await store_limits(conn, configs)
+            await store_retention(conn, configs)
         runtime = Runtime(
             self,
             self._tasks,
@@ -362,10 +391,18 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
             await runtime.shutdown(0)
             raise
 
-    async def shutdown(self, timeout: float = 30.0) -> None:
-        """Stop the worker: no new claims, running handlers get ``timeout`` seconds, then
-        see ``job.is_cancelled()``; whatever is still running after that is interrupted and
-        requeued. Lifecycle hooks are not waited for."""
+    async def shutdown(
+        self, timeout: float | None = None, *, timeout_ms: float | None = None
+    ) -> None:
+        """Stop the worker: no new claims, running handlers get ``timeout`` seconds (default
+        30; ``timeout_ms``: the same in milliseconds), then see ``job.is_cancelled()``;
+        whatever is still running after that is interrupted and requeued. Lifecycle hooks
+        are not waited for."""
+        if timeout is not None and timeout_ms is not None:
+            raise ValidationError("shutdown(): give timeout (seconds) or timeout_ms, not both")
+        if timeout_ms is not None:
+            timeout = timeout_ms / 1000
+        timeout = 30.0 if timeout is None else timeout
         runtime, self._runtime = self._runtime, None
         if runtime is not None:
             await runtime.shutdown(timeout)
@@ -443,7 +480,7 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
 
     async def retry_failed(
         self, *, kind: str | None = None, queue: str | None = None
-    ) -> list[JobRow]:
+    ) -> admin.RetryFailedResult:
         async with self.connection() as conn:
             return await admin.retry_failed(conn, kind=kind, queue=queue)
 

@@ -7,11 +7,14 @@ so a run is all-or-nothing and running it again is a no-op.
 
 from __future__ import annotations
 
+import sys
+import types
+from collections.abc import Generator
 from typing import Any
 
 import psycopg
 
-from awa.db import Flow, Statement, translate_errors
+from awa.db import Flow, Statement, resolve_database_url, translate_errors
 from awa.errors import SchemaNotMigrated
 from awa.sql import Migration, current_version, migrations, query
 
@@ -104,3 +107,49 @@ def check_version(found: int | None) -> None:
             f"the awa schema is at version {found}, newer than this package knows "
             f"({expected}); upgrade awa-py"
         )
+
+
+# The reference package's module-level functions ----------------------------------------
+
+
+def migration_list() -> list[tuple[int, str, str]]:
+    """Every migration of this version as ``(version, description, sql)``."""
+    return [(m.version, m.name.replace("_", " "), m.sql) for m in migrations()]
+
+
+def migrations_range(from_version: int, to_version: int) -> list[tuple[int, str, str]]:
+    """The migrations after ``from_version`` up to ``to_version`` included."""
+    return [entry for entry in migration_list() if from_version < entry[0] <= to_version]
+
+
+def current_migration_version() -> int:
+    """The newest migration this version of awa ships."""
+    return current_version()
+
+
+class AppliedMigrations(list[int]):
+    """The versions ``migrate()`` applied; also awaitable (the reference's ``awa.migrate``
+    is awaited), the work being done already."""
+
+    def __await__(self) -> Generator[Any, None, AppliedMigrations]:
+        return self
+        yield  # pragma: no cover - makes this a generator
+
+
+def migrate(database_url: str | None = None) -> AppliedMigrations:
+    """Apply awa's schema to the database (``DATABASE_URL`` when None): blocking, and
+    awaitable for programs written as ``await awa.migrate(url)``. In async code prefer
+    ``await client.migrate()``, which does not block the event loop."""
+    with psycopg.connect(resolve_database_url(database_url), autocommit=True) as conn:
+        return AppliedMigrations(migrate_sync(conn))
+
+
+class _CallableModule(types.ModuleType):
+    """``awa.migrations()`` lists the migrations as the reference's function does, while
+    ``awa.migrations`` stays this module for ``from awa.migrations import ...``."""
+
+    def __call__(self) -> list[tuple[int, str, str]]:
+        return migration_list()
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -20,6 +20,33 @@ DEFAULT_PRIORITY = 2
 DEFAULT_MAX_ATTEMPTS = 25
 
 
+class MappingAccess:
+    """``row["id"]`` besides ``row.id`` (the reference package's rows are dicts), plus
+    ``get`` and ``keys``; a name that is not a field raises KeyError."""
+
+    __slots__ = ()
+
+    def __getitem__(self, key: str) -> Any:
+        if not isinstance(key, str) or key.startswith("_"):
+            raise KeyError(key)
+        try:
+            return getattr(self, key)
+        except AttributeError:
+            raise KeyError(key) from None
+
+    def get(self, key: str, default: Any = None) -> Any:
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+    def keys(self) -> list[str]:
+        return [field.name for field in dataclasses.fields(self)]  # type: ignore[arg-type]
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and key in self.keys()
+
+
 class JobState(StrEnum):
     """The eight states of a job; ``str(state)`` is the name stored in the database."""
 
@@ -31,6 +58,15 @@ class JobState(StrEnum):
     FAILED = "failed"
     CANCELLED = "cancelled"
     WAITING_EXTERNAL = "waiting_external"
+    # The reference package's spellings of the same members (aliases, not new states).
+    Scheduled = "scheduled"
+    Available = "available"
+    Running = "running"
+    Completed = "completed"
+    Retryable = "retryable"
+    Failed = "failed"
+    Cancelled = "cancelled"
+    WaitingExternal = "waiting_external"
 
     @property
     def is_terminal(self) -> bool:
@@ -377,7 +413,7 @@ class EnqueueRequest(Generic[A]):
 
 
 @dataclasses.dataclass(slots=True)
-class JobRow:
+class JobRow(MappingAccess):
     """A snapshot of one job row as committed in the database (a plain record: changing it
     changes nothing in the database)."""
 

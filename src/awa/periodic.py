@@ -14,13 +14,13 @@ from typing import Any
 
 from awa.db import Statement, operation
 from awa.errors import ValidationError
-from awa.model import JobRow, check_name
+from awa.model import JobRow, MappingAccess, check_name
 from awa.schedules import CronTimes
 from awa.sql import query
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class CronJob:
+class CronJob(MappingAccess):
     """A stored schedule. ``next_fire_at`` is its next fire after now (None while paused,
     or when its expression cannot be evaluated here); ``last_enqueued_at`` its last fire."""
 

@@ -55,7 +55,7 @@ from awa.worker.registry import Task
 if TYPE_CHECKING:
     from awa.client import AsyncClient
 
-__all__ = ["AwaTestClient", "HandlerJob", "RegisteredCallback", "WorkResult"]
+__all__ = ["AwaTestClient", "HandlerJob", "NoJob", "RegisteredCallback", "WorkResult"]
 
 A = TypeVar("A")
 Handler = Callable[..., Any]
@@ -68,6 +68,27 @@ _OUTCOMES = {
     JobState.SCHEDULED: "snoozed",
     JobState.WAITING_EXTERNAL: "waiting",
 }
+
+
+class _NoJob:
+    """The job of a ``no_job`` result: falsy, and one object (test it with ``is NoJob``)."""
+
+    _instance: _NoJob | None = None
+
+    def __new__(cls) -> _NoJob:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return "NoJob"
+
+
+NoJob = _NoJob()
+"""What ``WorkResult.job`` is when no job was due (the reference package's sentinel)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -84,7 +105,7 @@ class WorkResult:
     """
 
     outcome: str
-    job: JobRow | None
+    job: JobRow | _NoJob | None
     error: str | None = None
     event: JobEvent[Any] | None = None
     follow_ups: tuple[JobRow, ...] = ()
@@ -92,7 +113,7 @@ class WorkResult:
     @property
     def output(self) -> Any:
         """The output the job's completion stored (None: none)."""
-        return self.job.output if self.job is not None else None
+        return self.job.output if isinstance(self.job, JobRow) else None
 
     def is_completed(self) -> bool:
         return self.outcome == "completed"
@@ -203,12 +224,12 @@ class AwaTestClient:
     ) -> WorkResult:
         """Claim the next due job of ``args_type``'s kind (in ``queue``, when given; paused
         queues are skipped) and run ``handler`` on it (default: the handler registered on
-        the client for that kind). Returns ``WorkResult("no_job", None)`` when none is due.
+        the client for that kind). Returns ``WorkResult("no_job", NoJob)`` when none is due.
         """
         task = self._task(args_type, handler, kind)
         job = await self._claim([task.kind], queue)
         if job is None:
-            return WorkResult("no_job", None)
+            return WorkResult("no_job", NoJob)
         return await self._run(job, task)
 
     async def drain(

@@ -4,8 +4,8 @@
 when it raises; ``tx = await client.transaction()`` gives the same object for explicit
 ``commit()`` / ``rollback()``. Committing after a statement failed rolls back and raises
 AwaError, so a commit that returns really committed. Statements take psycopg placeholders
-(``%s``, or ``%(name)s`` with one mapping argument) and return rows as dicts; their SQL
-errors are psycopg's own.
+(``%s``, or ``%(name)s`` with one mapping argument) or Postgres' ``$1, $2`` (as the
+reference package's do), and return rows as dicts; their SQL errors are psycopg's own.
 """
 
 from __future__ import annotations
@@ -34,19 +34,22 @@ from awa.insert import (
     split_kwargs,
 )
 from awa.model import JobRow
+from awa.placeholders import translate
 from awa.tracing import describe_insert, producing
 
 Params = Sequence[Any] | Mapping[str, Any]
 
 
-def _params(args: tuple[Any, ...]) -> Params | None:
+def _statement(query: str, args: tuple[Any, ...]) -> tuple[str, Params | None]:
+    """The statement and parameters for psycopg; ``$1``-style placeholders (the reference
+    package's) are translated, psycopg's ``%s`` / ``%(name)s`` pass as they are."""
     if not args:
         # No parameters: the text is sent as is, so a literal % needs no escaping and
         # several statements separated by semicolons may run in one call.
-        return None
+        return query, None
     if len(args) == 1 and isinstance(args[0], Mapping):
-        return cast(Mapping[str, Any], args[0])
-    return args
+        return query, cast(Mapping[str, Any], args[0])
+    return translate(query, args)
 
 
 @contextlib.contextmanager
@@ -190,13 +193,13 @@ class Transaction:
     async def execute(self, query: str, *params: Any) -> int:
         """Run a statement; returns the number of rows it affected."""
         with _own_statement_errors():
-            cursor = await self.connection.execute(query, _params(params))
+            cursor = await self.connection.execute(*_statement(query, params))
         return cursor.rowcount
 
     async def fetch_all(self, query: str, *params: Any) -> list[dict[str, Any]]:
         with _own_statement_errors():
             async with self.connection.cursor(row_factory=dict_row) as cursor:
-                await cursor.execute(query, _params(params))
+                await cursor.execute(*_statement(query, params))
                 return await cursor.fetchall()
 
     async def fetch_optional(self, query: str, *params: Any) -> dict[str, Any] | None:
@@ -299,12 +302,12 @@ class SyncTransaction:
 
     def execute(self, query: str, *params: Any) -> int:
         with _own_statement_errors():
-            cursor = self.connection.execute(query, _params(params))
+            cursor = self.connection.execute(*_statement(query, params))
         return cursor.rowcount
 
     def fetch_all(self, query: str, *params: Any) -> list[dict[str, Any]]:
         with _own_statement_errors(), self.connection.cursor(row_factory=dict_row) as cursor:
-            cursor.execute(query, _params(params))
+            cursor.execute(*_statement(query, params))
             return cursor.fetchall()
 
     def fetch_optional(self, query: str, *params: Any) -> dict[str, Any] | None:

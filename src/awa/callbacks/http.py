@@ -19,6 +19,16 @@ Requests are signed with a shared secret: HMAC-SHA256 over
 seconds) and ``X-Awa-Signature: sha256=<hex>``; timestamps more than five minutes off are
 refused. ``sign_request`` builds the headers. Resolutions go through the given
 ``AsyncClient``: its lifecycle hooks and follow-ups fire as for a call in your code.
+
+With ``contract_secret`` (32 bytes) the app also serves the reference package's contract
+(``awa.callback_contract``), for its HTTP workers and the functions written for them::
+
+    /api/callbacks/{id}/complete   {"payload": ...}
+    /api/callbacks/{id}/fail       {"error": "text" (required)}
+    /api/callbacks/{id}/heartbeat  {"timeout_seconds": 3600}
+
+signed with ``X-Awa-Signature: <hex keyed BLAKE3 of the id>`` (always required there) and
+answered as the reference answers: ``{"id": job id, "state": "Completed"}``.
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from awa import callback_contract
 from awa.callbacks import ResolveResult
 from awa.callbacks.resolution import CallbackResolution
 from awa.errors import CallbackNotFound, DatabaseError, ValidationError
@@ -228,7 +239,7 @@ def _nesting_depth(value: Any, limit: int) -> int:
     return deepest
 
 
-def _parse_body(raw: bytes, action: str) -> dict[str, Any]:
+def _load_body(raw: bytes) -> dict[str, Any]:
     if not raw.strip():
         return {}
     try:
@@ -241,11 +252,105 @@ def _parse_body(raw: bytes, action: str) -> dict[str, Any]:
         raise ValidationError(f"the body nests arrays and objects deeper than {MAX_BODY_DEPTH}")
     if not isinstance(body, dict):
         raise ValidationError("the body must be a JSON object")
+    return body
+
+
+def _parse_body(raw: bytes, action: str) -> dict[str, Any]:
+    body = _load_body(raw)
     unknown = sorted(set(body) - _FIELDS[action])
     if unknown:
         allowed = ", ".join(sorted(_FIELDS[action])) or "nothing"
         raise ValidationError(f"{action} does not take {', '.join(unknown)} (it takes {allowed})")
     return body
+
+
+# The reference's contract -------------------------------------------------------------------
+# Its bodies, read as its receiver reads them: unknown fields are ignored, "error" is a
+# required string, "timeout_seconds" a number defaulting to an hour. No run_lease.
+
+
+def _contract_state(job: JobRow) -> str:
+    # The reference answers with its state's Rust name: "WaitingExternal", "Completed".
+    return "".join(part.capitalize() for part in job.state.value.split("_"))
+
+
+async def _contract_complete(client: CallbackResolution, cb: str, body: dict[str, Any]) -> JobRow:
+    return await client.complete_external(cb, body.get("payload"))
+
+
+async def _contract_fail(client: CallbackResolution, cb: str, body: dict[str, Any]) -> JobRow:
+    error = body.get("error")
+    if not isinstance(error, str):
+        raise ValidationError('fail needs "error": a string')
+    return await client.fail_external(cb, error)
+
+
+async def _contract_heartbeat(client: CallbackResolution, cb: str, body: dict[str, Any]) -> JobRow:
+    timeout = body.get("timeout_seconds", callback_contract.DEFAULT_HEARTBEAT_TIMEOUT_SECS)
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        raise ValidationError("timeout_seconds must be a finite, non-negative number")
+    return await client.heartbeat_callback(cb, timeout)
+
+
+ContractAction = Callable[[CallbackResolution, str, dict[str, Any]], Awaitable[JobRow]]
+
+_CONTRACT_ACTIONS: dict[str, ContractAction] = {
+    "complete": _contract_complete,
+    "fail": _contract_fail,
+    "heartbeat": _contract_heartbeat,
+}
+
+
+async def _answer(action: str, run: Callable[[], Awaitable[JSONResponse]]) -> JSONResponse:
+    """``run()``'s response, or the error's status: 404 no such callback, 400 bad input,
+    500 a follow-up failed (rolled back), 503 the database is unreachable."""
+    try:
+        return await run()
+    except CallbackNotFound as error:
+        return _error(404, str(error))
+    except ValidationError as error:
+        return _error(400, str(error))
+    except FollowUpError as error:
+        return _error(
+            500, f"a follow-up failed, so the {action} was rolled back (send it again): {error}"
+        )
+    except DatabaseError as error:
+        return _error(503, str(error))
+
+
+async def _read_body(request: Request) -> bytes | JSONResponse:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        return _error(413, f"the body is larger than {MAX_BODY_BYTES} bytes")
+    raw = await request.body()
+    if len(raw) > MAX_BODY_BYTES:
+        return _error(413, f"the body is larger than {MAX_BODY_BYTES} bytes")
+    return raw
+
+
+def _contract_route(client: CallbackResolution, secret: bytes, prefix: str) -> Route:
+    async def receive(request: Request) -> JSONResponse:
+        callback_id = request.path_params["callback_id"]
+        action = request.path_params["action"]
+        if action not in _CONTRACT_ACTIONS:
+            return _error(404, f"unknown action {action!r}: use one of complete, fail, heartbeat")
+        # The signature first: an unsigned sender learns nothing, not even a bad body.
+        signature = request.headers.get(callback_contract.SIGNATURE_HEADER)
+        if signature is None:
+            return _error(401, f"missing {callback_contract.SIGNATURE_HEADER} header")
+        if not callback_contract.verify(secret, callback_id, signature):
+            return _error(401, "invalid callback signature")
+        raw = await _read_body(request)
+        if isinstance(raw, JSONResponse):
+            return raw
+
+        async def run() -> JSONResponse:
+            job = await _CONTRACT_ACTIONS[action](client, callback_id, _load_body(raw))
+            return JSONResponse({"id": job.id, "state": _contract_state(job)})
+
+        return await _answer(action, run)
+
+    return Route(prefix + "/{callback_id}/{action}", receive, methods=["POST"])
 
 
 def create_app(
@@ -254,6 +359,8 @@ def create_app(
     secret: Secret | None = None,
     allow_unsigned: bool = False,
     prefix: str = "/callbacks",
+    contract_secret: bytes | None = None,
+    contract_prefix: str = callback_contract.DEFAULT_PATH_PREFIX,
 ) -> Starlette:
     """The callback receiver as an ASGI app. Mount it in your own app (Starlette's
     ``Mount``, FastAPI's ``app.mount``) or serve it with uvicorn.
@@ -262,44 +369,65 @@ def create_app(
     that unsigned requests are fine (a private network, a proxy that authenticates). With
     both, unsigned requests pass and signed ones must be valid. The client is not closed
     by the app: close it when your app shuts down.
+
+    ``contract_secret`` (32 bytes, ``awa.callback_contract.parse_secret`` reads the hex
+    form) adds the reference's routes under ``contract_prefix``, every request signed with
+    it; given alone, without ``secret`` or ``allow_unsigned``, the app serves those routes
+    only. The two prefixes must differ.
     """
-    if secret is None and not allow_unsigned:
-        raise ValueError("give the callback secret, or allow_unsigned=True to accept any request")
+    contract = contract_secret is not None
+    native = secret is not None or allow_unsigned
+    if not native and not contract:
+        raise ValueError(
+            "give the callback secret, or allow_unsigned=True to accept any request "
+            "(or contract_secret= to serve only the reference's signed routes)"
+        )
     if secret is not None:
         _key(secret)
-    prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
+    routes: list[Route] = []
+    if native:
+        prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
+        routes.append(
+            Route(
+                prefix + "/{callback_id}/{action}",
+                _receiver(client, secret, allow_unsigned),
+                methods=["POST"],
+            )
+        )
+    if contract_secret is not None:
+        callback_contract.sign(contract_secret, "")  # a key of the wrong size fails now
+        key = bytes(contract_secret)
+        contract_prefix = callback_contract.normalize_prefix(contract_prefix)
+        if native and contract_prefix == prefix:
+            raise ValueError(
+                f"prefix and contract_prefix are both {prefix or '/'!r}: give them different paths"
+            )
+        routes.append(_contract_route(client, key, contract_prefix))
+    return Starlette(routes=routes)
 
+
+def _receiver(
+    client: CallbackResolution, secret: Secret | None, allow_unsigned: bool
+) -> Callable[[Request], Awaitable[JSONResponse]]:
     async def receive(request: Request) -> JSONResponse:
         callback_id = request.path_params["callback_id"]
         action = request.path_params["action"]
         if action not in _ACTIONS:
             return _error(404, f"unknown action {action!r}: use one of {', '.join(_ACTIONS)}")
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-            return _error(413, f"the body is larger than {MAX_BODY_BYTES} bytes")
-        raw = await request.body()
-        if len(raw) > MAX_BODY_BYTES:
-            return _error(413, f"the body is larger than {MAX_BODY_BYTES} bytes")
+        raw = await _read_body(request)
+        if isinstance(raw, JSONResponse):
+            return raw
         signed = SIGNATURE_HEADER in request.headers or TIMESTAMP_HEADER in request.headers
         if secret is not None and (signed or not allow_unsigned):
             try:
                 verify_signature(secret, request.method, request.url.path, raw, request.headers)
             except SignatureError as error:
                 return _error(401, str(error))
-        try:
-            body = _parse_body(raw, action)
-            answer = await _ACTIONS[action](client, callback_id, body)
-        except CallbackNotFound as error:
-            return _error(404, str(error))
-        except ValidationError as error:
-            return _error(400, str(error))
-        except FollowUpError as error:
-            return _error(
-                500, f"a follow-up failed, so the {action} was rolled back (send it again): {error}"
-            )
-        except DatabaseError as error:
-            return _error(503, str(error))
-        return JSONResponse({"callback_id": callback_id, "action": action, **answer})
 
-    route = Route(prefix + "/{callback_id}/{action}", receive, methods=["POST"])
-    return Starlette(routes=[route])
+        async def run() -> JSONResponse:
+            answer = await _ACTIONS[action](client, callback_id, _parse_body(raw, action))
+            return JSONResponse({"callback_id": callback_id, "action": action, **answer})
+
+        return await _answer(action, run)
+
+    return receive

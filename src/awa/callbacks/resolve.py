@@ -17,7 +17,7 @@ from awa.callbacks import cel
 from awa.db import Flow, Statement, operation
 from awa.errors import CallbackNotFound, ValidationError
 from awa.kinds import dump_json
-from awa.model import JobRow
+from awa.model import JobRow, MappingAccess
 from awa.outcomes import CallbackToken
 from awa.sql import query
 
@@ -142,7 +142,7 @@ def heartbeat_flow(
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class ResolveResult:
+class ResolveResult(MappingAccess):
     """What ``resolve_callback`` did: ``outcome`` is "completed" (``payload`` is the
     transformed payload), "failed", or "ignored" (``reason`` says why; the job is untouched
     and ``job`` is None)."""

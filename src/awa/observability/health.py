@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from awa.db import Flow, Statement
 from awa.migrations import schema_version_flow
+from awa.model import MappingAccess
 from awa.observability.queue_stats import QueueStats, decode_queue_stats
 from awa.sql import current_version, query
 
@@ -79,7 +80,7 @@ class RuntimeHealth:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class HealthCheck:
+class HealthCheck(MappingAccess):
     """``status`` (see the module docstring) and the findings behind it. ``healthy`` is
     true only when the status is ``healthy``; ``problems`` says what is wrong, one line
     each (unserved queues included)."""
@@ -95,6 +96,27 @@ class HealthCheck:
     status: Status = "healthy"
     workers: list[WorkerInfo] = dataclasses.field(default_factory=list)
     unserved: list[UnservedQueue] = dataclasses.field(default_factory=list)
+
+    # The reference package's fields, beside ours (its ``leader`` and ``queues`` differ in
+    # shape: ours are the leader's identity and per-queue statistics; see is_leader).
+    @property
+    def poll_loop_alive(self) -> bool:
+        """This process runs a worker (its claim loops stop only with it)."""
+        return self.runtime is not None
+
+    @property
+    def heartbeat_alive(self) -> bool:
+        return self.runtime is not None and self.runtime.heartbeat_alive
+
+    @property
+    def shutting_down(self) -> bool:
+        """Always False: a worker that is shutting down no longer reports a runtime."""
+        return False
+
+    @property
+    def is_leader(self) -> bool:
+        """This process leads maintenance (the reference's ``leader``)."""
+        return self.runtime is not None and self.runtime.is_leader
 
 
 def _leader(rows: list[dict[str, Any]]) -> LeaderInfo | None:

@@ -8,7 +8,7 @@ import datetime as dt
 from typing import Any
 
 from awa.db import Statement, operation
-from awa.model import JobState, parse_state
+from awa.model import JobState, MappingAccess, parse_state
 from awa.sql import query
 
 
@@ -38,7 +38,7 @@ class HeldBack:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class QueueStats:
+class QueueStats(MappingAccess):
     """Counts by state for one queue, and how long its oldest available job has waited."""
 
     queue: str
@@ -49,6 +49,7 @@ class QueueStats:
     paused_by: str | None
     limits: QueueLimits | None = None
     held_back: HeldBack = HeldBack()
+    completed_last_hour: int = 0
 
     def count(self, state: JobState | str) -> int:
         return self.counts.get(parse_state(state), 0)
@@ -64,6 +65,32 @@ class QueueStats:
     @property
     def total(self) -> int:
         return sum(self.counts.values())
+
+    # The reference package's QueueStat fields.
+    @property
+    def scheduled(self) -> int:
+        return self.count(JobState.SCHEDULED)
+
+    @property
+    def retryable(self) -> int:
+        return self.count(JobState.RETRYABLE)
+
+    @property
+    def failed(self) -> int:
+        return self.count(JobState.FAILED)
+
+    @property
+    def waiting_external(self) -> int:
+        return self.count(JobState.WAITING_EXTERNAL)
+
+    @property
+    def total_queued(self) -> int:
+        """Jobs not finished: scheduled, available, running, retryable and parked."""
+        return sum(count for state, count in self.counts.items() if not state.is_terminal)
+
+    @property
+    def lag_seconds(self) -> float | None:
+        return self.oldest_available_age
 
 
 def _limits(row: dict[str, Any]) -> QueueLimits | None:
@@ -88,6 +115,7 @@ def decode_queue_stats(rows: list[dict[str, Any]]) -> list[QueueStats]:
                 cap=int(row["held_by_cap"]),
                 keys=int(row["held_by_keys"]),
             ),
+            completed_last_hour=int(row["completed_last_hour"]),
         )
         for row in rows
     ]

@@ -77,9 +77,18 @@ class QueueConfig:
     key_concurrency: int | None = None
     min_workers: int | None = None
     weight: int = 1
+    # Seconds this queue's finished jobs are kept, overriding the worker-wide
+    # completed_retention / failed_retention (None: those).
+    completed_retention: float | None = None
+    failed_retention: float | None = None
 
     def __post_init__(self) -> None:
         check_name("queue", self.name)
+        for field in ("completed_retention", "failed_retention"):
+            value = getattr(self, field)
+            if value is not None:
+                seconds = _positive_seconds(value, f"queue {self.name!r}: {field}")
+                object.__setattr__(self, field, seconds)
         _positive_int(self.max_workers, f"queue {self.name!r}: max_workers")
         if self.rate_limit is not None:
             object.__setattr__(self, "rate_limit", _rate_limit(self.rate_limit, self.name))

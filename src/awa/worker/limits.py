@@ -76,6 +76,22 @@ async def claim(conn: psycopg.AsyncConnection[Any], queue: QueueConfig, limit: i
     return Claimed(jobs, retry_after)
 
 
+async def store_retention(
+    conn: psycopg.AsyncConnection[Any], queues: Iterable[QueueConfig]
+) -> None:
+    """Record the queues' own retention for the leader (any worker's leader deletes)."""
+    for queue in queues:
+        if queue.completed_retention is None and queue.failed_retention is None:
+            await conn.execute(query("queue_retention_clear"), {"queue": queue.name})
+        else:
+            params = {
+                "queue": queue.name,
+                "completed": queue.completed_retention,
+                "failed": queue.failed_retention,
+            }
+            await conn.execute(query("queue_retention_store"), params)
+
+
 async def store_limits(conn: psycopg.AsyncConnection[Any], queues: Iterable[QueueConfig]) -> None:
     """Record the limits this worker runs its queues with (the last worker to start is what
     operators see; each worker claims by its own). A change is logged, since workers that

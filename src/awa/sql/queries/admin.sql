@@ -113,6 +113,14 @@ WITH failed AS (
 SELECT m.* FROM moved AS m
 CROSS JOIN LATERAL (SELECT pg_notify('awa_jobs', m.queue)) AS n
 
+-- name: retry_failed_matched
+-- How many failed jobs the filter of retry_failed matches (moved or left for their key).
+SELECT count(*) AS count FROM awa.jobs
+WHERE state = 'failed'
+  AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+
 -- name: discard_failed
 WITH gone AS (
     DELETE FROM awa.jobs
@@ -207,11 +215,17 @@ WITH counts AS (
         ON f.queue = j.queue AND f.concurrency_key = j.concurrency_key
     WHERE j.state = 'available' AND j.run_at <= now()
     GROUP BY j.queue
+), recent AS (
+    -- Completed in the last hour: a range on jobs_finalized_idx.
+    SELECT queue, count(*) AS n FROM awa.jobs
+    WHERE state = 'completed' AND finalized_at > now() - interval '1 hour'
+    GROUP BY queue
 ), names AS (
     SELECT queue FROM per_queue UNION SELECT queue FROM awa.queues
     UNION SELECT queue FROM awa.queue_limits
 )
 SELECT names.queue,
+       COALESCE(recent.n, 0) AS completed_last_hour,
        COALESCE(per_queue.counts, '{}'::jsonb) AS counts,
        oldest.oldest_run_at,
        -- GREATEST ignores NULLs, so test for a missing oldest job explicitly.
@@ -235,4 +249,5 @@ LEFT JOIN oldest ON oldest.queue = names.queue
 LEFT JOIN awa.queues AS q ON q.queue = names.queue
 LEFT JOIN limits AS l ON l.queue = names.queue
 LEFT JOIN held_by_keys AS k ON k.queue = names.queue
+LEFT JOIN recent ON recent.queue = names.queue
 ORDER BY names.queue

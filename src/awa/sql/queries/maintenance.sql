@@ -135,24 +135,41 @@ LEFT JOIN LATERAL (
 
 -- name: delete_finished
 -- Retention: finished jobs older than their retention, oldest first, in bounded batches.
--- Deleting a row frees its unique key. The first finalized_at condition (the shorter of the
--- two retentions) is a range on jobs_finalized_idx, so a batch reads about as many index
--- entries as it deletes; without it the OR of the two cutoffs made every batch read and sort
--- every finished row of the table.
-WITH doomed AS (
-    SELECT id FROM awa.jobs
-    WHERE state IN ('completed', 'failed', 'cancelled')
-      AND finalized_at < now() - make_interval(secs => least(%(completed)s, %(failed)s))
-      AND finalized_at < now() - make_interval(secs => CASE WHEN state = 'completed'
-                                                          THEN %(completed)s
-                                                          ELSE %(failed)s END)
-    ORDER BY finalized_at
+-- Deleting a row frees its unique key. A queue's own retention (awa.queue_retention)
+-- overrides the worker-wide one. The first finalized_at condition (the shortest retention
+-- of all) is a range on jobs_finalized_idx, so a batch reads about as many index entries as
+-- it deletes; without it the OR of the cutoffs made every batch read and sort every finished
+-- row of the table.
+WITH shortest AS (
+    SELECT least(%(completed)s, %(failed)s,
+                 (SELECT min(least(completed_seconds, failed_seconds))
+                  FROM awa.queue_retention)) AS seconds
+), doomed AS (
+    SELECT j.id FROM awa.jobs AS j
+    LEFT JOIN awa.queue_retention AS r ON r.queue = j.queue
+    WHERE j.state IN ('completed', 'failed', 'cancelled')
+      AND j.finalized_at < now() - make_interval(secs => (SELECT seconds FROM shortest))
+      AND j.finalized_at < now() - make_interval(secs => CASE WHEN j.state = 'completed'
+                                   THEN coalesce(r.completed_seconds, %(completed)s)
+                                   ELSE coalesce(r.failed_seconds, %(failed)s) END)
+    ORDER BY j.finalized_at
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF j SKIP LOCKED
 ), deleted AS (
     DELETE FROM awa.jobs AS j USING doomed WHERE j.id = doomed.id RETURNING 1
 )
 SELECT count(*) AS deleted FROM deleted
+
+-- name: queue_retention_store
+INSERT INTO awa.queue_retention AS r (queue, completed_seconds, failed_seconds)
+VALUES (%(queue)s, %(completed)s, %(failed)s)
+ON CONFLICT (queue) DO UPDATE
+SET completed_seconds = EXCLUDED.completed_seconds,
+    failed_seconds = EXCLUDED.failed_seconds,
+    updated_at = now()
+
+-- name: queue_retention_clear
+DELETE FROM awa.queue_retention WHERE queue = %(queue)s
 
 -- name: leader_holder
 -- Which backend holds the maintenance lock (the key split into its two 32-bit halves).

@@ -1,0 +1,58 @@
+"""Django tasks the tests enqueue (the decorator comes from django.tasks or the backport)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from django.db import connection
+
+try:
+    from django.tasks import task
+except ImportError:
+    from django_tasks import task
+
+
+@task
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+@task(queue_name="reports")
+def report(name: str, *, pages: int = 1) -> dict[str, object]:
+    return {"name": name, "pages": pages}
+
+
+@task
+async def multiply(a: int, b: int) -> int:
+    await asyncio.sleep(0)
+    return a * b
+
+
+@task(takes_context=True)
+def attempt_number(context: object) -> int:
+    return context.attempt  # type: ignore[attr-defined]
+
+
+@task
+def database_name() -> str:
+    # Django's ORM connection works in the worker's thread.
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_database()")
+        return str(cursor.fetchone()[0])
+
+
+@task
+def fail(message: str) -> None:
+    raise ValueError(message)
+
+
+@task
+def not_json() -> object:
+    return object()
+
+
+@task
+def slow(seconds: float) -> str:
+    time.sleep(seconds)  # the task's own work, not the test waiting
+    return "done"
