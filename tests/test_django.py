@@ -178,10 +178,11 @@ def test_enqueue_rolled_back_with_the_transaction_leaves_no_job(
 
 
 async def test_committed_tasks_run_in_the_worker_and_report_their_results(
-    database_url: str, conn: Conn
+    database_url: str, conn: Conn, tmp_path: Path
 ) -> None:
     env = django_env(database_url)
-    with worker(env) as running:
+    signals = tmp_path / "signals.log"
+    with worker({**env, "AWA_TEST_SIGNAL_LOG": str(signals)}) as running:
         assert running.queues == "default, reports"
         out = scenario("commit", env)
         ping = await wait_for_state(conn, out["ping_id"], "completed", timeout=30)
@@ -210,6 +211,10 @@ async def test_committed_tasks_run_in_the_worker_and_report_their_results(
     assert (row["args"]["args"], row["args"]["kwargs"]) == ([2, 3], {})
     # The awa task registered on get_client() (settings.AWA TASK_MODULES) ran too.
     assert ping["output"] == {"pong": "hello"}
+    finished = [json.loads(line) for line in signals.read_text().splitlines()]
+    assert ("task_finished", out["add"]["id"], "SUCCESSFUL") in [
+        (record["signal"], record["id"], record["status"]) for record in finished
+    ]
 
 
 def database_name(conninfo: str) -> str:
@@ -218,9 +223,12 @@ def database_name(conninfo: str) -> str:
     return str(conninfo_to_dict(conninfo)["dbname"])
 
 
-async def test_failed_tasks_report_their_errors(database_url: str, conn: Conn) -> None:
+async def test_failed_tasks_report_their_errors(
+    database_url: str, conn: Conn, tmp_path: Path
+) -> None:
     env = django_env(database_url)
-    with worker(env):
+    signals = tmp_path / "signals.log"
+    with worker({**env, "AWA_TEST_SIGNAL_LOG": str(signals)}):
         out = scenario("failures", env)
         missing = await wait_for_state(conn, out["missing_id"], "failed", timeout=30)
 
@@ -243,6 +251,16 @@ async def test_failed_tasks_report_their_errors(database_url: str, conn: Conn) -
     text = missing["errors"][-1]["error"]
     assert "cannot import the task 'django_project.gone.nowhere'" in text
     assert missing["errors"][-1]["terminal"] is True
+
+    # The worker sent task_started and task_finished, from a thread where the ORM works;
+    # a failure's receivers see the exception being handled (Django's log receiver needs it).
+    sent = [json.loads(line) for line in signals.read_text().splitlines()]
+    failing = [record for record in sent if record["id"] == failed["id"]]
+    assert [(r["signal"], r["status"], r["handling"]) for r in failing] == [
+        ("task_started", "RUNNING", None),
+        ("task_finished", "FAILED", "ValueError"),
+    ]
+    assert {record["sender"] for record in sent} == {"AwaTaskBackend"}
 
 
 def test_priority_run_after_and_queue_name_land_on_the_row(database_url: str, conn: Conn) -> None:
@@ -340,15 +358,42 @@ def test_awa_migrate_creates_the_schema_in_a_fresh_database(fresh_database: str)
     versions = ", ".join(str(version) for version in range(1, current_version() + 1))
     assert first.stdout.strip() == f"applied awa migrations {versions}"
 
-    import psycopg
-
-    with psycopg.connect(fresh_database) as check:
-        row = check.execute("SELECT max(version) FROM awa.schema_migrations").fetchone()
-        assert row == (current_version(),)
+    assert schema_version(fresh_database) == current_version()
     again = manage(env, "awa_migrate")
     assert again.stdout.strip() == "the awa schema is up to date"
     script = manage(env, "awa_migrate", "--sql")
     assert script.stdout.startswith("-- awa schema")
+
+
+def schema_version(url: str) -> int | None:
+    import psycopg
+
+    with psycopg.connect(url) as check:
+        exists = check.execute("SELECT to_regclass('awa.schema_migrations')").fetchone()
+        if exists is None or exists[0] is None:
+            return None
+        row = check.execute("SELECT max(version) FROM awa.schema_migrations").fetchone()
+        return None if row is None else int(row[0])
+
+
+def test_django_migrate_applies_the_schema_unless_told_not_to(fresh_database: str) -> None:
+    # MIGRATE False: migrate leaves the jobs' database alone.
+    off = manage(django_env(fresh_database, AWA={"MIGRATE": False}), "migrate")
+    assert off.returncode == 0, off.stderr
+    assert schema_version(fresh_database) is None
+    # By default migrate applies awa's schema (so a test run's database has it too).
+    on = manage(django_env(fresh_database), "migrate")
+    assert on.returncode == 0, on.stderr
+    assert "Applied awa migrations 1, " in on.stdout
+    assert schema_version(fresh_database) == current_version()
+    again = manage(django_env(fresh_database), "migrate")
+    assert "awa" not in again.stdout  # nothing left to apply
+
+
+def test_djangos_test_runner_gets_the_schema_in_its_test_database(database_url: str) -> None:
+    done = manage(django_env(database_url), "test", "--noinput", "django_project.django_tests")
+    assert done.returncode == 0, done.stderr
+    assert "OK" in done.stderr
 
 
 def test_bad_settings_name_the_key(database_url: str) -> None:
@@ -365,6 +410,7 @@ def test_bad_settings_name_the_key(database_url: str) -> None:
         "runtime_key": "settings.AWA['RUNTIME']: start() got unknown option(s) ['heartbeat']",
         "timeout": "settings.AWA['SHUTDOWN_TIMEOUT']",
         "modules": "settings.AWA['TASK_MODULES']",
+        "migrate_flag": "settings.AWA['MIGRATE'] must be True or False",
         "option_key": "TASKS['default']['OPTIONS'] has unknown key(s) ['MAX_ATTEMPT']",
         "max_attempts": "TASKS['default']['OPTIONS']['MAX_ATTEMPTS']",
         "deadline": "TASKS['default']['OPTIONS']['DEADLINE_DURATION']",

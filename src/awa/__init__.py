@@ -3,7 +3,7 @@
 Jobs are rows in Postgres, inserted inside your own transaction and run by asyncio workers.
 """
 
-from awa import admin, bridge, migrations
+from awa import admin, bridge, callback_contract, migrations
 from awa.admin import CronJob, HeldBack, QueueLimits, QueueStats
 from awa.blocking_client import Client
 from awa.callbacks import ResolveResult
@@ -50,6 +50,7 @@ from awa.model import (
 )
 from awa.observability.health import HealthCheck
 from awa.outcomes import CallbackToken, Cancel, RetryAfter, Snooze, WaitForCallback
+from awa.partitioned_queue import PartitionedQueue
 from awa.transaction import SyncTransaction, Transaction
 from awa.version import __version__
 from awa.worker.config import QueueConfig, RetryPolicy, RuntimeConfig
@@ -82,6 +83,7 @@ __all__ = [
     "JobEvent",
     "JobRow",
     "JobState",
+    "PartitionedQueue",
     "QueueConfig",
     "QueueLimits",
     "QueueStats",
@@ -108,6 +110,7 @@ __all__ = [
     "__version__",
     "admin",
     "bridge",
+    "callback_contract",
     "current_migration_version",
     "derive_kind",
     "migrate",

@@ -58,6 +58,7 @@ ACTIONS = ("complete", "fail", "heartbeat")
 """The actions the contract defines, in URL order."""
 
 CallbackId = str | uuid.UUID
+Secret = bytes | bytearray | memoryview
 
 # Exactly what blake3::Hash::from_hex accepts: 64 ASCII hex digits of either case.
 _SIGNATURE = re.compile(r"[0-9a-fA-F]{64}")
@@ -70,7 +71,7 @@ _RUST_WHITESPACE = (
 )
 
 
-def _key(secret: bytes) -> bytes:
+def _key(secret: Secret) -> bytes:
     if isinstance(secret, str):
         raise TypeError("callback secret must be bytes (parse_secret() reads the hex form)")
     key = bytes(secret)
@@ -79,17 +80,17 @@ def _key(secret: bytes) -> bytes:
     return key
 
 
-def _digest(secret: bytes, callback_id: CallbackId) -> bytes:
+def _digest(secret: Secret, callback_id: CallbackId) -> bytes:
     return blake3.blake3(str(callback_id).encode(), key=_key(secret)).digest()
 
 
-def sign(secret: bytes, callback_id: CallbackId) -> str:
+def sign(secret: Secret, callback_id: CallbackId) -> str:
     """The signature of ``callback_id``: the lowercase hex of its keyed BLAKE3 hash (64
     characters). ``secret`` must be exactly 32 bytes, else ValueError."""
     return _digest(secret, callback_id).hex()
 
 
-def verify(secret: bytes, callback_id: CallbackId, signature: str) -> bool:
+def verify(secret: Secret, callback_id: CallbackId, signature: str) -> bool:
     """Whether ``signature`` signs ``callback_id`` under ``secret``: 64 hex digits (either
     case) equal to the keyed hash, compared in constant time. Malformed hex is False."""
     expected = _digest(secret, callback_id)
@@ -128,14 +129,14 @@ def parse_secret(text: str) -> bytes:
     return bytes.fromhex(cleaned)
 
 
-def signature_headers(secret: bytes, callback_id: CallbackId) -> dict[str, str]:
+def signature_headers(secret: Secret, callback_id: CallbackId) -> dict[str, str]:
     """``{"X-Awa-Signature": sign(secret, callback_id)}``: the header of every request
     about this callback, whether to the function or back to the receiver."""
     return {SIGNATURE_HEADER: sign(secret, callback_id)}
 
 
 def signed_callback(
-    secret: bytes,
+    secret: Secret,
     base: str,
     callback_id: CallbackId,
     *,

@@ -184,6 +184,7 @@ BAD_AWA: dict[str, Any] = {
     "runtime_key": {"RUNTIME": {"heartbeat": 1}},
     "timeout": {"SHUTDOWN_TIMEOUT": -1},
     "modules": {"TASK_MODULES": "django_project.awa_jobs"},
+    "migrate_flag": {"MIGRATE": "yes"},
 }
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 import awa
+from awa import callback_contract
 from awa.callbacks import DEFAULT_TIMEOUT, DefaultAction, ResolveResult
 from awa.cli.group import (
     CliError,
@@ -225,6 +226,15 @@ def heartbeat(client: awa.Client, callback_id: str, timeout_seconds: float, as_j
 # awa callback serve ---------------------------------------------------------------------------
 
 
+def _contract_secret(ctx: click.Context, param: click.Parameter, value: str | None) -> bytes | None:
+    if not value:
+        return None
+    try:
+        return callback_contract.parse_secret(value)
+    except ValueError as error:
+        raise click.BadParameter(str(error)) from None
+
+
 @callback.command("serve")
 @click.argument("target", metavar="[MODULE:CLIENT]", required=False)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
@@ -241,6 +251,27 @@ def heartbeat(client: awa.Client, callback_id: str, timeout_seconds: float, as_j
     help="Accept requests without a signature (signed ones are still checked).",
 )
 @click.option("--prefix", default="/callbacks", show_default=True, help="Path prefix.")
+@click.option(
+    "--callback-hmac-secret",
+    "contract_secret",
+    envvar=callback_contract.SECRET_ENV_VAR,
+    show_envvar=True,
+    metavar="HEX",
+    callback=_contract_secret,
+    help="Also serve awa-pg's contract: POST CONTRACT_PREFIX/ID/complete|fail|heartbeat "
+    "signed with X-Awa-Signature, the keyed BLAKE3 hash of ID under this 32-byte key "
+    "(64 hex characters). Every such request must be signed.",
+)
+@click.option(
+    "--contract-prefix",
+    "--path-prefix",
+    "contract_prefix",
+    envvar=callback_contract.PATH_PREFIX_ENV_VAR,
+    show_envvar=True,
+    default=callback_contract.DEFAULT_PATH_PREFIX,
+    show_default=True,
+    help="Path prefix of awa-pg's contract routes.",
+)
 @click.option("--log-level", default="info", show_default=True, help="uvicorn log level.")
 @click.pass_context
 def serve(
@@ -251,6 +282,8 @@ def serve(
     secret: str | None,
     allow_unsigned: bool,
     prefix: str,
+    contract_secret: bytes | None,
+    contract_prefix: str,
     log_level: str,
 ) -> None:
     """Answer callbacks over HTTP (the receiver for webhooks).
@@ -266,9 +299,16 @@ def serve(
 
     Requests must be signed with the shared --secret (HMAC-SHA256; see
     docs/callbacks.md) unless --allow-unsigned is given.
+
+    --callback-hmac-secret (or AWA_CALLBACK_HMAC_SECRET) adds the routes of awa-pg's HTTP
+    workers, /api/callbacks/ID/complete|fail|heartbeat, always signed with that key; given
+    without --secret or --allow-unsigned, the server answers those routes only.
     """
-    if not secret and not allow_unsigned:
-        raise click.UsageError("give --secret (or AWA_CALLBACK_SECRET), or --allow-unsigned")
+    if not secret and not allow_unsigned and contract_secret is None:
+        raise click.UsageError(
+            "give --secret (or AWA_CALLBACK_SECRET), or --allow-unsigned, or "
+            "--callback-hmac-secret (or AWA_CALLBACK_HMAC_SECRET) for awa-pg's contract only"
+        )
     import uvicorn
 
     from awa.callbacks.http import create_app
@@ -282,17 +322,25 @@ def serve(
         client = awa.AsyncClient(url, application_name="awa-callbacks")
     try:
         app = create_app(
-            client, secret=secret or None, allow_unsigned=allow_unsigned, prefix=prefix
+            client,
+            secret=secret or None,
+            allow_unsigned=allow_unsigned,
+            prefix=prefix,
+            contract_secret=contract_secret,
+            contract_prefix=contract_prefix,
         )
     except ValueError as error:
         raise CliError(str(error)) from error
     signing = "signed requests" if secret else "UNSIGNED requests"
     if secret and allow_unsigned:
         signing = "signed and unsigned requests"
-    click.echo(
-        f"awa callback receiver on http://{host}:{port}{app.routes[0].path} ({signing})",  # type: ignore[attr-defined]
-        err=True,
-    )
+    # create_app lists the native route first, then the contract's.
+    served = [signing] if secret or allow_unsigned else []
+    if contract_secret is not None:
+        served.append("awa-pg contract, signed requests")
+    for route, what in zip(app.routes, served, strict=True):
+        path = route.path  # type: ignore[attr-defined]
+        click.echo(f"awa callback receiver on http://{host}:{port}{path} ({what})", err=True)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="off")
     asyncio.run(_serve(uvicorn.Server(config), client))
 

@@ -7,11 +7,13 @@ from typing import Any
 from django.apps import AppConfig
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
+from django.db.models.signals import post_migrate
 
 
 class AwaConfig(AppConfig):  # type: ignore[misc]
-    """Adds ``manage.py awa_worker`` and ``awa_migrate``, and checks ``settings.AWA`` with
-    the system checks (``manage.py check``)."""
+    """Adds ``manage.py awa_worker`` and ``awa_migrate``, applies awa's schema after
+    ``manage.py migrate`` on the jobs' database, and checks ``settings.AWA`` with the system
+    checks (``manage.py check``)."""
 
     name = "awa.contrib.django"
     label = "awa"
@@ -19,9 +21,10 @@ class AwaConfig(AppConfig):  # type: ignore[misc]
 
     def ready(self) -> None:
         checks.register(check_settings)
+        post_migrate.connect(migrate_schema, sender=self, dispatch_uid="awa.migrate_schema")
 
 
-def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     """System check: settings.AWA is valid."""
     from awa.contrib.django import conf
 
@@ -30,3 +33,26 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     except ImproperlyConfigured as error:
         return [checks.Error(str(error), id="awa.E001")]
     return []
+
+
+def migrate_schema(using: str, verbosity: int = 1, **kwargs: Any) -> None:
+    """After ``migrate`` on the jobs' Django database, apply awa's migrations there too (so
+    that a test run's database has the schema). Skipped with ``MIGRATE: False`` and when
+    the jobs live at ``URL`` (``manage.py awa_migrate`` covers those)."""
+    import psycopg
+
+    from awa.contrib.django import conf
+    from awa.migrations import migrate_sync
+
+    settings = conf.load()
+    if not settings.migrate or settings.database != using:
+        return
+    with psycopg.connect(conf.conninfo(using), autocommit=True) as conn:
+        applied = migrate_sync(conn)
+    if applied and verbosity >= 1:
+        stdout = kwargs.get("stdout")
+        line = f"Applied awa migrations {', '.join(str(version) for version in applied)}\n"
+        if stdout is not None:
+            stdout.write(line)
+        else:
+            print(line, end="")

@@ -3,8 +3,8 @@
 Django 6 ships it as ``django.tasks`` (Python 3.12+); on Django 5.2 and Python 3.11 it
 comes from the ``django-tasks`` backport (import name ``django_tasks``). The two spell a
 few names differently (``InvalidTask`` / ``InvalidTaskError``, where ``normalize_json``
-lives); this module gives one set of names for both. Values are typed ``Any``: Django has
-no bundled types.
+lives, and older backports' ``SUCCEEDED``); this module gives one set of names for both.
+Values are typed ``Any``: Django has no bundled types.
 """
 
 from __future__ import annotations
@@ -57,9 +57,8 @@ TaskContext: Any = _base.TaskContext
 TaskError: Any = _base.TaskError
 TaskResult: Any = _base.TaskResult
 TaskResultStatus: Any = _base.TaskResultStatus
-TASK_MIN_PRIORITY: int = _base.TASK_MIN_PRIORITY
-TASK_MAX_PRIORITY: int = _base.TASK_MAX_PRIORITY
-DEFAULT_TASK_PRIORITY: int = _base.DEFAULT_TASK_PRIORITY
+# Django 6 and django-tasks 0.12+ say SUCCESSFUL; django-tasks before 0.12 said SUCCEEDED.
+SUCCESSFUL: Any = getattr(TaskResultStatus, "SUCCESSFUL", None) or TaskResultStatus.SUCCEEDED
 
 InvalidTask: type[Exception] = getattr(_exceptions, "InvalidTask", None) or (
     _exceptions.InvalidTaskError

@@ -9,12 +9,15 @@ Keys (all optional)::
         "RUNTIME": {"heartbeat_interval": 10},  # start()'s keyword options
         "SHUTDOWN_TIMEOUT": 30,      # seconds running tasks get after SIGTERM
         "TASK_MODULES": ["myapp.jobs"],  # modules registering awa tasks on get_client()
+        "MIGRATE": True,             # manage.py migrate also applies awa's schema
     }
 
 With ``DATABASE`` (the default) tasks are enqueued on Django's connection, inside its
 transaction, and the worker connects with that alias's settings (HOST, PORT, NAME, USER,
-PASSWORD and the libpq keys of OPTIONS). With ``URL`` the jobs live elsewhere and an enqueue
-commits on its own. Every mistake raises ``ImproperlyConfigured`` naming the key.
+PASSWORD and the libpq keys of OPTIONS), and ``manage.py migrate`` on that database applies
+awa's migrations too (unless ``MIGRATE`` is False), so test databases get the schema. With
+``URL`` the jobs live elsewhere and an enqueue commits on its own. Every mistake raises
+``ImproperlyConfigured`` naming the key.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from awa.db import check_database_url
 from awa.errors import ValidationError
 from awa.worker.config import RuntimeConfig, parse_queues
 
-KEYS = ("DATABASE", "URL", "QUEUES", "RUNTIME", "SHUTDOWN_TIMEOUT", "TASK_MODULES")
+KEYS = ("DATABASE", "URL", "QUEUES", "RUNTIME", "SHUTDOWN_TIMEOUT", "TASK_MODULES", "MIGRATE")
 
 # OPTIONS keys that Django's PostgreSQL backend consumes itself: not libpq parameters.
 _DJANGO_ONLY_OPTIONS = frozenset(
@@ -60,6 +63,7 @@ class AwaSettings:
     runtime: dict[str, Any]
     shutdown_timeout: float
     task_modules: tuple[str, ...]
+    migrate: bool
 
 
 def load() -> AwaSettings:
@@ -92,6 +96,7 @@ def load() -> AwaSettings:
         runtime=runtime,
         shutdown_timeout=_shutdown_timeout(raw.get("SHUTDOWN_TIMEOUT", 30.0)),
         task_modules=_task_modules(raw.get("TASK_MODULES", ())),
+        migrate=_flag("MIGRATE", raw.get("MIGRATE", True)),
     )
 
 
@@ -127,9 +132,12 @@ def _alias(value: object) -> str:
 
 def conninfo(alias: str) -> str:
     """A libpq connection string for the Django database ``alias``: HOST, PORT, NAME, USER,
-    PASSWORD, and OPTIONS except those that only Django's backend reads."""
+    PASSWORD, and OPTIONS except those that only Django's backend reads (as the connection
+    has them: a test run's database name included)."""
+    from django.db import connections
+
     where = f"settings.DATABASES[{alias!r}]"
-    entry = settings.DATABASES[alias]
+    entry = connections[alias].settings_dict
     options = entry.get("OPTIONS") or {}
     params: dict[str, Any] = {
         key: value for key, value in options.items() if key not in _DJANGO_ONLY_OPTIONS
@@ -196,6 +204,12 @@ def _shutdown_timeout(value: object) -> float:
             f"settings.AWA['SHUTDOWN_TIMEOUT'] must be a number of seconds >= 0, not {value!r}"
         )
     return float(value)
+
+
+def _flag(key: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ImproperlyConfigured(f"settings.AWA[{key!r}] must be True or False, not {value!r}")
+    return value
 
 
 def _task_modules(value: object) -> tuple[str, ...]:

@@ -75,7 +75,7 @@ def status(state: JobState) -> Any:
         return compat.TaskResultStatus.RUNNING
     if state in _FAILED:
         return compat.TaskResultStatus.FAILED
-    return compat.TaskResultStatus.SUCCESSFUL
+    return compat.SUCCESSFUL
 
 
 def task_error(entry: dict[str, Any]) -> Any:

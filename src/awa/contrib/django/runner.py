@@ -10,6 +10,7 @@ cannot be imported, or whose return value is not JSON, fails the job at once.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextvars
 import functools
 import inspect
@@ -27,6 +28,11 @@ from awa.job import Job
 
 log = logging.getLogger("awa.contrib.django")
 
+# Plain tasks run here. Threads start on demand and the queues' slots bound how many tasks
+# run at once, so the cap only has to stay above any sensible number of slots (the event
+# loop's default executor stops at 32 on most machines).
+_threads = concurrent.futures.ThreadPoolExecutor(max_workers=512, thread_name_prefix="awa-task")
+
 
 async def run_django_task(job: Job[dict[str, Any]]) -> None:
     """Handler of ``django_task`` jobs (registered on ``get_client()``)."""
@@ -42,21 +48,24 @@ async def run_django_task(job: Job[dict[str, Any]]) -> None:
     if task.takes_context:
         call_args.insert(0, compat.TaskContext(task_result=result))
     kwargs = dict(args.get("kwargs", {}))
-    _send(compat.task_started, result)
+    loop = asyncio.get_running_loop()
+    # Signal receivers run in a worker thread, as in a sync view: they may use the ORM.
+    await loop.run_in_executor(_threads, _send, compat.task_started, result)
     try:
         if inspect.iscoroutinefunction(task.func):
             value = await _call_async(task.func, call_args, kwargs)
         else:
-            loop = asyncio.get_running_loop()
             call = functools.partial(_call_sync, task.func, call_args, kwargs)
-            value = await loop.run_in_executor(None, contextvars.copy_context().run, call)
+            value = await loop.run_in_executor(_threads, contextvars.copy_context().run, call)
         _record_output(job, task, value)
-    except Exception:
+    except Exception as error:
         # (A CancelledError is a shutdown or a rescue: the job is not finished.)
-        _finished(result, compat.TaskResultStatus.FAILED)
+        _finish(result, compat.TaskResultStatus.FAILED)
+        await loop.run_in_executor(_threads, _send_failed, result, error)
         raise
     object.__setattr__(result, "_return_value", job.output)
-    _finished(result, compat.TaskResultStatus.SUCCESSFUL)
+    _finish(result, compat.SUCCESSFUL)
+    await loop.run_in_executor(_threads, _send, compat.task_finished, result)
 
 
 async def _call_async(func: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
@@ -98,10 +107,21 @@ def _send(signal: Any, result: Any) -> None:
             log.error("task signal receiver %r raised", receiver, exc_info=response)
 
 
-def _finished(result: Any, status: Any) -> None:
+def _finish(result: Any, status: Any) -> None:
     object.__setattr__(result, "status", status)
     object.__setattr__(result, "finished_at", timezone.now())
-    _send(compat.task_finished, result)
+
+
+def _send_failed(result: Any, error: BaseException) -> None:
+    """task_finished for a failed task, sent while ``error`` is being handled: receivers
+    (Django's own logging one among them) read it from ``sys.exc_info()``."""
+    traceback = error.__traceback__
+    try:
+        raise error
+    except BaseException:
+        _send(compat.task_finished, result)
+    finally:
+        error.__traceback__ = traceback  # as the worker will format it
 
 
 def _backend_class(result: Any) -> type:

@@ -74,8 +74,11 @@ class Command(BaseCommand):  # type: ignore[misc]
 
 def _named_queues(texts: list[str], configured: Any) -> dict[str, Any]:
     """The queues --queue names, keeping the settings that settings.AWA['QUEUES'] gives
-    them (when it gives them as a dict)."""
-    known = configured if isinstance(configured, Mapping) else {}
+    them."""
+    if isinstance(configured, Mapping):
+        known = dict(configured)
+    else:  # [(name, max_workers), ...]
+        known = {item[0]: item[1] for item in configured or [] if isinstance(item, tuple | list)}
     queues: dict[str, Any] = {}
     for text in texts:
         try:
@@ -90,7 +93,12 @@ def _named_queues(texts: list[str], configured: Any) -> dict[str, Any]:
     return queues
 
 
+def _name(item: Any) -> str:
+    # (name, max_workers), or an awa.QueueConfig
+    return str(item[0]) if isinstance(item, tuple | list) else str(getattr(item, "name", item))
+
+
 def _names(queues: Any) -> list[str]:
     if isinstance(queues, Mapping):
         return [str(name) for name in queues]
-    return [str(item[0]) if isinstance(item, tuple | list) else str(item) for item in queues]
+    return [_name(item) for item in queues]
