@@ -83,7 +83,7 @@ def test_bench_runs_every_scenario(server_url: str, database_name: str) -> None:
     report = json.loads(result.stdout)
     drains = ("drain", "drain-hook", "drain-followup", "drain-staged", "drain-2proc")
     drains += ("drain-beside-limits", "drain-capped", "drain-keys", "drain-rated")
-    drains += ("drain-otel", "drain-otel-traced")
+    drains += ("drain-otel", "drain-otel-traced", "drain-chain", "drain-fan-in")
     assert set(report) == {"enqueue", "copy", *drains, "latency"}
     for scenario in ("enqueue", "copy", *drains):
         assert report[scenario]["jobs"] == 200

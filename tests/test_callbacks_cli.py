@@ -194,7 +194,8 @@ def test_callbacks_serve_is_a_deprecated_alias(monkeypatch: pytest.MonkeyPatch) 
     assert result.exit_code == 2
     assert result.stderr.splitlines() == [
         "awa: `awa callbacks serve` is deprecated; use `awa callback serve`",
-        "error: give --secret (or AWA_CALLBACK_SECRET), or --allow-unsigned "
+        "error: give --secret (or AWA_CALLBACK_SECRET), or --allow-unsigned, or "
+        "--callback-hmac-secret (or AWA_CALLBACK_HMAC_SECRET) for awa-pg's contract only "
         "(see 'awa callbacks serve --help')",
     ]
     assert "Deprecated: use `awa callback serve`." in help_text("callbacks", "serve")

@@ -383,6 +383,7 @@ def test_queue_stats(
         "failed": 1,
         "cancelled": 0,
         "waiting_external": 0,
+        "blocked": 0,
     }
     assert stats["mail"]["total"] == 3
     assert stats["mail"]["paused"] is False

@@ -21,10 +21,11 @@ STATES = [
     "failed",
     "cancelled",
     "waiting_external",
+    "blocked",  # waiting for the jobs it depends on
 ]
 
 
-def test_job_state_has_exactly_the_eight_states() -> None:
+def test_job_state_has_exactly_the_nine_states() -> None:
     assert [state.value for state in awa.JobState] == STATES
     assert [str(state) for state in awa.JobState] == STATES
     assert [state.name.lower() for state in awa.JobState] == STATES

@@ -26,11 +26,12 @@ import pytest
 
 import awa
 from helpers_worker import wait_for
-from jobs_helpers import Conn
+from jobs_helpers import Conn, must_job_row
 
 AWA = Path(sys.executable).with_name("awa")
 
 TASKS = """
+import asyncio
 import dataclasses
 import os
 
@@ -72,6 +73,16 @@ async def charge(job: awa.Job[Charge]) -> None:
 @client.task(Report, queue="reports")
 async def report(job: awa.Job[Report]) -> None:
     job.record_output({"pid": os.getpid()})
+
+
+@dataclasses.dataclass
+class Hang:
+    n: int
+
+
+@client.task(Hang, queue="hang")
+async def hang(job: awa.Job[Hang]) -> None:
+    await asyncio.Event().wait()  # never returns on its own; ignores is_cancelled()
 
 
 @client.task(Flaky, queue="flaky")
@@ -186,6 +197,30 @@ async def test_two_processes_share_one_task_module_each_on_its_own_queues(
         assert (await client.get_job(report.id)).state is awa.JobState.AVAILABLE  # type: ignore[union-attr]
     assert email_worker.stop() == 0
     assert billing_worker.stop() == 0
+    await client.close()
+
+
+async def test_a_second_sigterm_cuts_the_graceful_wait_short(
+    app: types.ModuleType, tmp_path: Path, database_url: str, conn: Conn
+) -> None:
+    """The first SIGTERM waits for running handlers (up to --shutdown-timeout); a second one
+    interrupts them: the job goes back to available and the worker leaves awa.runtimes."""
+    client: awa.AsyncClient = app.client
+    job = await client.insert(app.Hang(1))
+    with workers(
+        tmp_path, database_url, [target(app), "--queue", "hang=1", "--shutdown-timeout", "120"]
+    ) as (worker,):
+        await wait_started(worker)
+        await wait_for(lambda: must_job_row(conn, job.id)["state"] == "running", 20)
+        worker.process.send_signal(signal.SIGTERM)
+        await wait_for(lambda: "shutting down gracefully" in worker.log(), 10)
+        started = time.monotonic()
+        worker.process.send_signal(signal.SIGTERM)
+        await wait_for(lambda: worker.process.poll() is not None, 30, message=worker.log)
+        assert time.monotonic() - started < 30  # not the 120 s of --shutdown-timeout
+        assert worker.process.returncode == 0, worker.log()
+    assert must_job_row(conn, job.id)["state"] == "available"
+    assert conn.execute("SELECT count(*) FROM awa.runtimes").fetchone() == (0,)
     await client.close()
 
 

@@ -5,9 +5,18 @@ Jobs are rows in Postgres, inserted inside your own transaction and run by async
 
 from awa import admin, bridge, callback_contract, migrations
 from awa.admin import CronJob, HeldBack, QueueLimits, QueueStats
+from awa.batch_operations import (
+    BatchOperation,
+    BatchOperationFilter,
+    BatchOperationKind,
+    BatchOperationPreview,
+    BatchOperationState,
+)
 from awa.blocking_client import Client
 from awa.callbacks import ResolveResult
 from awa.client import AsyncClient
+from awa.descriptors import JobKindDescriptor, QueueDescriptor
+from awa.dlq import DlqEntry
 from awa.errors import (
     AwaError,
     CallbackNotFound,
@@ -54,6 +63,8 @@ from awa.partitioned_queue import PartitionedQueue
 from awa.transaction import SyncTransaction, Transaction
 from awa.version import __version__
 from awa.worker.config import QueueConfig, RetryPolicy, RuntimeConfig
+from awa.workflow_methods import WaitTimeout
+from awa.workflows import BatchRun, Step, Workflow, WorkflowInfo, WorkflowRun
 
 __all__ = [
     "MAX_ARGS_BYTES",
@@ -63,6 +74,12 @@ __all__ = [
     "MAX_STAGED_FOLLOW_UPS",
     "AsyncClient",
     "AwaError",
+    "BatchOperation",
+    "BatchOperationFilter",
+    "BatchOperationKind",
+    "BatchOperationPreview",
+    "BatchOperationState",
+    "BatchRun",
     "CallbackNotFound",
     "CallbackToken",
     "CallbackWaitError",
@@ -72,6 +89,7 @@ __all__ = [
     "Completed",
     "CronJob",
     "DatabaseError",
+    "DlqEntry",
     "EnqueueRequest",
     "Exhausted",
     "FollowUpError",
@@ -81,10 +99,12 @@ __all__ = [
     "InsertOpts",
     "Job",
     "JobEvent",
+    "JobKindDescriptor",
     "JobRow",
     "JobState",
     "PartitionedQueue",
     "QueueConfig",
+    "QueueDescriptor",
     "QueueLimits",
     "QueueStats",
     "RescueReason",
@@ -99,6 +119,7 @@ __all__ = [
     "StagedFollowUp",
     "StagingError",
     "Started",
+    "Step",
     "SyncTransaction",
     "TerminalError",
     "Transaction",
@@ -106,7 +127,11 @@ __all__ = [
     "UniqueOpts",
     "ValidationError",
     "WaitForCallback",
+    "WaitTimeout",
     "WaitingForCallback",
+    "Workflow",
+    "WorkflowInfo",
+    "WorkflowRun",
     "__version__",
     "admin",
     "bridge",

@@ -7,7 +7,8 @@ Each function takes a ``psycopg.Connection`` (and blocks) or a ``psycopg.AsyncCo
     job = awa.admin.cancel(sync_conn, 42)       # blocking connection
 
 They change rows only; they never fire lifecycle hooks or follow-up jobs. Actions that do not
-apply (an unknown id, a finished job) return None rather than raising.
+apply (an unknown id, a finished job) return None rather than raising (the batch operations,
+from ``awa.batch_operations``, raise ValidationError as the reference package's do).
 """
 
 from __future__ import annotations
@@ -15,6 +16,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from awa.batch_operations import (
+    cancel_batch_operation,
+    get_batch_operation,
+    list_batch_operations,
+    preview_batch_operation,
+    purge_batch_operations,
+    submit_batch_operation,
+)
 from awa.callbacks import (
     complete_external,
     fail_external,
@@ -24,6 +33,25 @@ from awa.callbacks import (
     retry_external,
 )
 from awa.db import Flow, Statement, operation
+from awa.descriptors import (
+    JobKindDescriptor,
+    QueueDescriptor,
+    list_job_kind_descriptors,
+    list_queue_descriptors,
+)
+from awa.dlq import (
+    DlqEntry,
+    bulk_move_failed_to_dlq,
+    bulk_retry_from_dlq,
+    dlq_depth,
+    dlq_depth_by_queue,
+    get_dlq_job,
+    list_dlq,
+    move_failed_to_dlq,
+    purge_dlq,
+    purge_dlq_job,
+    retry_from_dlq,
+)
 from awa.errors import ValidationError
 from awa.insert import unique_key
 from awa.kinds import args_to_json_value, dump_json
@@ -41,24 +69,43 @@ from awa.sql import query
 
 __all__ = [
     "CronJob",
+    "DlqEntry",
     "HeldBack",
+    "JobKindDescriptor",
+    "QueueDescriptor",
     "QueueLimits",
     "QueueStats",
     "RetryFailedResult",
+    "bulk_move_failed_to_dlq",
+    "bulk_retry_from_dlq",
     "cancel",
+    "cancel_batch_operation",
     "cancel_by_unique_key",
     "complete_external",
     "delete_cron_job",
     "discard",
     "discard_failed",
+    "dlq_depth",
+    "dlq_depth_by_queue",
     "drain_queue",
     "fail_external",
+    "get_batch_operation",
+    "get_dlq_job",
     "get_job",
     "heartbeat_callback",
+    "list_batch_operations",
     "list_cron_jobs",
+    "list_dlq",
+    "list_job_kind_descriptors",
     "list_jobs",
+    "list_queue_descriptors",
+    "move_failed_to_dlq",
     "pause_cron_job",
     "pause_queue",
+    "preview_batch_operation",
+    "purge_batch_operations",
+    "purge_dlq",
+    "purge_dlq_job",
     "queue_known",
     "queue_stats",
     "resolve_callback",
@@ -68,7 +115,9 @@ __all__ = [
     "retry",
     "retry_external",
     "retry_failed",
+    "retry_from_dlq",
     "run_now",
+    "submit_batch_operation",
     "trigger_cron_job",
 ]
 

@@ -18,6 +18,7 @@ import psycopg_pool
 
 from awa import admin, callbacks
 from awa.admin import CronJob, QueueStats
+from awa.batch_methods import BatchMethods
 from awa.bulk_copy import copy_flow, with_per_job_opts
 from awa.callbacks.resolution import CallbackId
 from awa.db import (
@@ -28,6 +29,8 @@ from awa.db import (
     sync_pool,
     translate_errors,
 )
+from awa.descriptors import DescriptorListing
+from awa.dlq_methods import DlqMethods
 from awa.errors import DatabaseError, SchemaNotMigrated
 from awa.insert import (
     MAX_ARGS_BYTES,
@@ -50,9 +53,10 @@ from awa.observability.health import (
 )
 from awa.tracing import describe_insert, producing
 from awa.transaction import SyncTransaction, insert_prepared_sync
+from awa.workflow_methods import WorkflowMethods
 
 
-class Client:
+class Client(DlqMethods, DescriptorListing, BatchMethods, WorkflowMethods):
     """The blocking client for producers and operators (the worker runtime is asyncio-only:
     use AsyncClient for it). Safe to share between threads."""
 

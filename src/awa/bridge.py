@@ -25,10 +25,12 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, TypeVar, Un
 import psycopg
 
 from awa.db import CopyStatement, Flow, Statement, run_async, run_sync
+from awa.dependencies import dependencies_flow
 from awa.insert import (
     DEFAULT_RULES,
     InsertKwargs,
     InsertRules,
+    PreparedJob,
     insert_flow,
     prepare_job,
     split_kwargs,
@@ -98,7 +100,7 @@ async def insert_job(
     run = _async_runner(conn)
     kind, opts = split_kwargs("insert_job", kwargs)
     prepared = prepare_job(args, kind=kind, opts=opts, rules=_rules(client))
-    return (await _drive_async(run, insert_flow([prepared])))[0]
+    return (await _drive_async(run, _insert_with_dependencies(prepared)))[0]
 
 
 def insert_job_sync(
@@ -112,7 +114,13 @@ def insert_job_sync(
     run = _sync_runner(conn)
     kind, opts = split_kwargs("insert_job_sync", kwargs)
     prepared = prepare_job(args, kind=kind, opts=opts, rules=_rules(client))
-    return _drive_sync(run, insert_flow([prepared]))[0]
+    return _drive_sync(run, _insert_with_dependencies(prepared))[0]
+
+
+def _insert_with_dependencies(job: PreparedJob) -> Flow[list[JobRow]]:
+    """The insert, and the job's dependency edges (in the caller's transaction)."""
+    rows = yield from insert_flow([job])
+    return (yield from dependencies_flow(rows, [job]))
 
 
 # --- Driving a flow through any driver ----------------------------------------------------

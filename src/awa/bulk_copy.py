@@ -68,6 +68,10 @@ def copy_flow(
         raise ValidationError("insert_many_copy() takes a list of jobs")
     batch = list(items)
     preparer = BatchPreparer(kind, opts, rules)
+    if opts.depends_on or any(
+        isinstance(item, EnqueueRequest) and item.resolve(opts).depends_on for item in batch
+    ):
+        raise ValidationError("insert_many_copy() does not take depends_on: use insert_many()")
     if preparer.checked.unique is not None or any(
         isinstance(item, EnqueueRequest) and item.resolve(opts).unique is not None for item in batch
     ):

@@ -20,6 +20,7 @@ import psycopg_pool
 
 from awa import admin
 from awa.admin import CronJob, QueueStats
+from awa.batch_methods import AsyncBatchMethods
 from awa.bulk_copy import copy_flow, with_per_job_opts
 from awa.callbacks.resolution import CallbackResolution
 from awa.db import (
@@ -30,6 +31,8 @@ from awa.db import (
     resolve_database_url,
     translate_errors,
 )
+from awa.descriptors import DescriptorCatalog, DescriptorDeclarations
+from awa.dlq_methods import AsyncDlqMethods
 from awa.errors import AwaError, DatabaseError, SchemaNotMigrated, ValidationError
 from awa.insert import (
     MAX_ARGS_BYTES,
@@ -64,8 +67,10 @@ from awa.transaction import (
 from awa.worker import reference_options
 from awa.worker.config import RetryPolicy
 from awa.worker.cron import store_schedules
+from awa.worker.descriptors import store_descriptors
 from awa.worker.limits import store_limits, store_retention
 from awa.worker.registry import TaskRegistry
+from awa.workflow_methods import AsyncWorkflowMethods
 
 if TYPE_CHECKING:
     from awa.worker.runtime import Runtime
@@ -75,7 +80,14 @@ H = TypeVar("H", bound=Callable[..., Any])
 QueuesSpec = Iterable[Any] | Mapping[str, int | Mapping[str, Any]] | None
 
 
-class AsyncClient(LifecycleRegistration, CallbackResolution):
+class AsyncClient(
+    LifecycleRegistration,
+    CallbackResolution,
+    AsyncDlqMethods,
+    DescriptorDeclarations,
+    AsyncBatchMethods,
+    AsyncWorkflowMethods,
+):
     """The asyncio client: inserts, transactions, admin, and (once handlers are registered)
     the worker runtime.
 
@@ -105,6 +117,7 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
         self._resolved_url: str | None = None
         self._tasks = TaskRegistry()
         self._runtime: Runtime | None = None
+        self._stopping: Runtime | None = None  # the runtime a shutdown is stopping
         self._hooks = HookRegistry()
         # Every insert of this client (follow-ups and staged ones too): the queue of each
         # kind's task for inserts that name none, and the size limits.
@@ -114,6 +127,7 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
         self._follow_ups = FollowUpRegistry(self._insert_rules)
         # Single inserts crowding in from many coroutines share round trips and commits.
         self._periodic: dict[str, PeriodicJob] = {}
+        self._descriptors = DescriptorCatalog()  # stored at start()
         self._lanes = InsertLanes(
             self._acquire, self._release, lanes=min(4, max(1, max_connections // 2))
         )
@@ -199,6 +213,9 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
         with producing() as span:
             job = prepare_job(args, kind=kind, opts=opts, rules=self._insert_rules)
             describe_insert(span, [job])
+            if job.depends_on:  # two statements in one transaction: not for the lanes
+                async with self.connection() as conn:
+                    return (await insert_prepared_async(conn, [job]))[0]
             return await self._lanes.insert(job)
 
     async def insert_many(
@@ -370,6 +387,8 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
         )
         async with self.connection() as conn:
             check_version(await drive_async(conn, schema_version_flow()))
+            # First: it refuses a descriptor of an unknown queue before anything is stored.
+            await store_descriptors(conn, self._descriptors, configs, self._tasks.routes)
             # Declared schedules are stored before anything runs (never deleting others').
             await store_schedules(conn, self._periodic.values(), self._insert_rules)
             await store_limits(conn, configs)
@@ -397,15 +416,23 @@ class AsyncClient(LifecycleRegistration, CallbackResolution):
         """Stop the worker: no new claims, running handlers get ``timeout`` seconds (default
         30; ``timeout_ms``: the same in milliseconds), then see ``job.is_cancelled()``;
         whatever is still running after that is interrupted and requeued. Lifecycle hooks
-        are not waited for."""
+        are not waited for. ``shutdown(0)`` while a shutdown is under way cuts its wait short
+        (what ``awa worker`` does on a second SIGTERM)."""
         if timeout is not None and timeout_ms is not None:
             raise ValidationError("shutdown(): give timeout (seconds) or timeout_ms, not both")
         if timeout_ms is not None:
             timeout = timeout_ms / 1000
         timeout = 30.0 if timeout is None else timeout
         runtime, self._runtime = self._runtime, None
-        if runtime is not None:
+        if runtime is None:
+            if self._stopping is not None and timeout == 0:
+                self._stopping.hurry()  # a second, impatient call: interrupt handlers now
+            return
+        self._stopping = runtime
+        try:
             await runtime.shutdown(timeout)
+        finally:
+            self._stopping = None
 
     @contextlib.asynccontextmanager
     async def run(

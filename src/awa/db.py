@@ -218,6 +218,9 @@ def translate_errors() -> Iterator[None]:
             job_id=None,
             constraint=constraint,
         ) from error
+    except psycopg.errors.ForeignKeyViolation as error:
+        # Raised by awa.add_dependencies for a depends_on naming a job that does not exist.
+        raise ValidationError(str(error.diag.message_primary)) from error
     except psycopg.errors.CheckViolation as error:
         raise ValidationError(
             f"the database rejected a value ({error.diag.constraint_name}): "

@@ -34,6 +34,7 @@ from awa.model import (
     UniqueOpts,
     check_name,
     check_run_at,
+    dependency_ids,
     to_timedelta,
 )
 from awa.sql import query
@@ -163,6 +164,8 @@ class PreparedJob:
     ordering_key: bytes | None
     deadline_duration: dt.timedelta | None
     concurrency_key: str | None = None
+    depends_on: tuple[int, ...] | None = None
+    dependency_policy: str = "cancel"
 
     def recordset_json(self) -> str:
         """This job as one element of the ``insert_jobs`` JSON array (built without re-encoding
@@ -343,6 +346,8 @@ def _prepared(
         checked.ordering_key,
         checked.deadline_duration,
         opts.concurrency_key,
+        opts.depends_on,
+        opts.on_dependency_failure,
     )
 
 
@@ -360,6 +365,8 @@ class InsertKwargs(TypedDict, total=False):
     ordering_key: bytes | str | None
     deadline_duration: float | dt.timedelta | None
     concurrency_key: str | None
+    depends_on: Iterable[Any] | None
+    on_dependency_failure: str
 
 
 _INSERT_KWARGS = frozenset(InsertKwargs.__annotations__)
@@ -409,6 +416,8 @@ def _split(kwargs: Mapping[str, Any]) -> tuple[str | None, InsertOpts]:
         ordering_key=kwargs.get("ordering_key"),
         deadline_duration=kwargs.get("deadline_duration"),
         concurrency_key=kwargs.get("concurrency_key"),
+        depends_on=dependency_ids(kwargs.get("depends_on")),
+        on_dependency_failure=kwargs.get("on_dependency_failure", "cancel"),
         given=frozenset(_GIVEN_NAMES.get(name, name) for name in kwargs),
     )
     return kwargs.get("kind"), opts

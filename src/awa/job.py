@@ -279,6 +279,8 @@ class Job(Generic[A]):
             None,
             False,  # callback_in_handler: a claimed attempt is not waiting in its handler
             concurrency_key,
+            False,  # has_dependents: the claim does not read it (see JobRow)
+            None,  # workflow_id: likewise
         ]
 
     @property

@@ -20,6 +20,28 @@ DEFAULT_PRIORITY = 2
 DEFAULT_MAX_ATTEMPTS = 25
 
 
+DEPENDENCY_POLICIES = ("cancel", "run", "wait")
+
+
+def dependency_ids(value: object) -> tuple[int, ...] | None:
+    """``depends_on`` as job ids: a list of ids or rows (anything with an ``id``)."""
+    if value is None:
+        return None
+    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        raise ValidationError("depends_on must be a list of jobs or job ids")
+    ids = []
+    for item in value:
+        job_id = getattr(item, "id", item)
+        if isinstance(job_id, bool) or not isinstance(job_id, int) or job_id < 1:
+            raise ValidationError(
+                f"depends_on: {item!r} is neither a job nor a job id (a positive integer)"
+            )
+        ids.append(job_id)
+    if not ids:
+        return None
+    return tuple(dict.fromkeys(ids))
+
+
 class MappingAccess:
     """``row["id"]`` besides ``row.id`` (the reference package's rows are dicts), plus
     ``get`` and ``keys``; a name that is not a field raises KeyError."""
@@ -58,6 +80,8 @@ class JobState(StrEnum):
     FAILED = "failed"
     CANCELLED = "cancelled"
     WAITING_EXTERNAL = "waiting_external"
+    # Waiting for the jobs it depends on (``depends_on``): never claimed until released.
+    BLOCKED = "blocked"
     # The reference package's spellings of the same members (aliases, not new states).
     Scheduled = "scheduled"
     Available = "available"
@@ -67,6 +91,7 @@ class JobState(StrEnum):
     Failed = "failed"
     Cancelled = "cancelled"
     WaitingExternal = "waiting_external"
+    Blocked = "blocked"
 
     @property
     def is_terminal(self) -> bool:
@@ -80,6 +105,8 @@ class JobState(StrEnum):
 
 _TERMINAL = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED})
 _BITS = {state: index for index, state in enumerate(JobState)}
+# A blocked job waits to run: it holds its unique key exactly as a scheduled one does.
+_BITS[JobState.BLOCKED] = _BITS[JobState.SCHEDULED]
 TERMINAL_STATES: frozenset[JobState] = _TERMINAL
 
 DEFAULT_UNIQUE_STATES: frozenset[JobState] = frozenset(
@@ -160,7 +187,10 @@ class UniqueOpts:
 def _states_from_mask(mask: int) -> frozenset[JobState]:
     if not 0 <= mask <= 255:
         raise ValidationError("unique_opts.states bitmask must be between 0 and 255")
-    return frozenset(state for state in JobState if mask & (1 << state.bit))
+    # Blocked shares scheduled's bit: a mask names the eight states of the reference.
+    return frozenset(
+        state for state in JobState if state is not JobState.BLOCKED and mask & (1 << state.bit)
+    )
 
 
 def _seconds(value: float | dt.timedelta, field: str) -> float:
@@ -205,9 +235,13 @@ class InsertOpts:
     ordering_key: bytes | str | None = None
     deadline_duration: float | dt.timedelta | None = None
     concurrency_key: str | None = None
-    given: frozenset[str] = frozenset()
+    # The jobs (ids) this one waits for, and what it does when one of them ends failed or
+    # cancelled: "cancel" (with its own dependents), "run" anyway, or "wait" for an operator.
+    depends_on: tuple[int, ...] | None = None
+    on_dependency_failure: str = "cancel"
+    given: frozenset[str] = dataclasses.field(default=frozenset(), compare=False)
     """The options the caller set explicitly; the others may take the defaults of the
-    kind's task (``client.task(..., priority=...)``)."""
+    kind's task (``client.task(..., priority=...)``). Not part of equality."""
 
     def validated(self) -> InsertOpts:
         """Check every option against its limit; returns self or raises ValidationError."""
@@ -232,6 +266,22 @@ class InsertOpts:
             to_timedelta(self.deadline_duration, "deadline_duration")
         if self.concurrency_key is not None:
             check_name("concurrency_key", self.concurrency_key)
+        if self.on_dependency_failure not in DEPENDENCY_POLICIES:
+            raise ValidationError(
+                f"on_dependency_failure must be one of {', '.join(DEPENDENCY_POLICIES)}, "
+                f"not {self.on_dependency_failure!r}"
+            )
+        if self.depends_on is not None:
+            unique = self.unique
+            if (
+                unique is not None
+                and (unique.mask >> _BITS[JobState.SCHEDULED]) & 1
+                != (unique.mask >> _BITS[JobState.AVAILABLE]) & 1
+            ):
+                raise ValidationError(
+                    "a job with depends_on waits blocked, then runs: its unique_opts states "
+                    "must include both scheduled and available, or neither"
+                )
         return self
 
 
@@ -396,7 +446,11 @@ class EnqueueRequest(Generic[A]):
         try:
             # Follow-up closures build equal requests for every job: reuse the options. The
             # types are part of the key, since True == 1 must not pass for a priority.
-            key = (defaults, *((name, value, type(value)) for name, value in self._opts.items()))
+            key = (
+                defaults,
+                defaults.given,
+                *((name, value, type(value)) for name, value in self._opts.items()),
+            )
             resolved = _RESOLVED.get(key)
         except TypeError:  # a list of tags, a metadata dict: not hashable
             return dataclasses.replace(defaults, **changes)
@@ -449,14 +503,23 @@ class JobRow(MappingAccess):
     output: Any
     callback_in_handler: bool = False
     concurrency_key: str | None = None
+    # Some job depends on this one (depends_on): its final state settles them. The rows a
+    # worker builds from its claim (the Completed events of batched completions) say False.
+    has_dependents: bool = False
+    # The workflow or batch the job belongs to (a UUID string); rows built from a claim say
+    # None (the job's metadata names its workflow under "awa:workflow").
+    workflow_id: str | None = None
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> JobRow:
         """Build from a row of ``awa.jobs`` fetched with a dict row factory."""
-        values = {name: record[name] for name in _JOB_ROW_FIELDS}
+        values = {name: record[name] for name in _REQUIRED_FIELDS}
+        for name, default in _OPTIONAL_FIELDS:
+            values[name] = record.get(name, default)
         values["state"] = JobState(values["state"])
-        if values["callback_id"] is not None:
-            values["callback_id"] = str(values["callback_id"])
+        for name in ("callback_id", "workflow_id"):
+            if values[name] is not None:
+                values[name] = str(values[name])
         for name in ("unique_key", "ordering_key"):
             if values[name] is not None:
                 values[name] = bytes(values[name])
@@ -487,3 +550,11 @@ class JobRow(MappingAccess):
 
 
 _JOB_ROW_FIELDS = tuple(field.name for field in dataclasses.fields(JobRow))
+_REQUIRED_FIELDS = tuple(
+    field.name for field in dataclasses.fields(JobRow) if field.default is dataclasses.MISSING
+)
+_OPTIONAL_FIELDS = tuple(
+    (field.name, field.default)
+    for field in dataclasses.fields(JobRow)
+    if field.default is not dataclasses.MISSING
+)

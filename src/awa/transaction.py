@@ -19,7 +19,8 @@ from typing import Any, Self, Unpack, cast
 import psycopg
 from psycopg.rows import dict_row
 
-from awa.db import drive_async, drive_sync, translate_errors
+from awa.db import Flow, drive_async, drive_sync, translate_errors
+from awa.dependencies import dependencies_flow, has_dependencies
 from awa.errors import AwaError, DatabaseError
 from awa.insert import (
     DEFAULT_RULES,
@@ -36,6 +37,7 @@ from awa.insert import (
 from awa.model import JobRow
 from awa.placeholders import translate
 from awa.tracing import describe_insert, producing
+from awa.workflows import BatchRun, Workflow, WorkflowRun, batch_workflow
 
 Params = Sequence[Any] | Mapping[str, Any]
 
@@ -63,11 +65,19 @@ def _own_statement_errors() -> Iterator[None]:
         raise DatabaseError(f"database unavailable: {error}") from error
 
 
+def _with_dependencies(jobs: Sequence[PreparedJob]) -> Flow[list[JobRow]]:
+    rows = yield from insert_flow(jobs)
+    return (yield from dependencies_flow(rows, jobs))
+
+
 async def insert_prepared_async(
     conn: psycopg.AsyncConnection[Any], jobs: Sequence[PreparedJob]
 ) -> list[JobRow]:
     """Insert prepared jobs on a connection (atomically, with a savepoint inside a
-    transaction)."""
+    transaction); jobs with ``depends_on`` get their edges in the same transaction."""
+    if has_dependencies(jobs):
+        async with conn.transaction():
+            return await drive_async(conn, _with_dependencies(jobs))
     if len(jobs) == 1:
         return [await drive_async(conn, insert_one_flow(jobs[0]))]
     if needs_transaction(jobs):
@@ -80,6 +90,9 @@ def insert_prepared_sync(
     conn: psycopg.Connection[Any], jobs: Sequence[PreparedJob]
 ) -> list[JobRow]:
     """Blocking twin of :func:`insert_prepared_async`."""
+    if has_dependencies(jobs):
+        with conn.transaction():
+            return drive_sync(conn, _with_dependencies(jobs))
     if len(jobs) == 1:
         return [drive_sync(conn, insert_one_flow(jobs[0]))]
     if needs_transaction(jobs):
@@ -190,6 +203,19 @@ class Transaction:
             describe_insert(span, prepared)
             return await insert_prepared_async(self.connection, prepared)
 
+    async def insert_workflow(self, workflow: Workflow) -> WorkflowRun:
+        """Insert a workflow's jobs in this transaction (see ``AsyncClient.insert_workflow``)."""
+        async with self.connection.transaction():  # a savepoint: all of it or nothing
+            return await drive_async(self.connection, workflow.flow(self._rules))
+
+    async def insert_batch(
+        self, members: Iterable[Any], *, on_complete: Any, **options: Any
+    ) -> BatchRun:
+        """Insert a batch in this transaction (see ``AsyncClient.insert_batch``)."""
+        workflow, fan_in = batch_workflow(members, on_complete, options)
+        run = await self.insert_workflow(workflow)
+        return BatchRun(run.id, run.jobs[: fan_in.index], run[fan_in])
+
     async def execute(self, query: str, *params: Any) -> int:
         """Run a statement; returns the number of rows it affected."""
         with _own_statement_errors():
@@ -299,6 +325,15 @@ class SyncTransaction:
             prepared = prepare_many(jobs, kind=kind, opts=opts, rules=self._rules)
             describe_insert(span, prepared)
             return insert_prepared_sync(self.connection, prepared)
+
+    def insert_workflow(self, workflow: Workflow) -> WorkflowRun:
+        with self.connection.transaction():
+            return drive_sync(self.connection, workflow.flow(self._rules))
+
+    def insert_batch(self, members: Iterable[Any], *, on_complete: Any, **options: Any) -> BatchRun:
+        workflow, fan_in = batch_workflow(members, on_complete, options)
+        run = self.insert_workflow(workflow)
+        return BatchRun(run.id, run.jobs[: fan_in.index], run[fan_in])
 
     def execute(self, query: str, *params: Any) -> int:
         with _own_statement_errors():

@@ -12,11 +12,13 @@ from awa.cli import (  # noqa: F401 - each module adds its commands to ``main``
     cron,
     db,
     demo,
+    dlq,
     health,
     jobs,
     queues,
     ui,
     worker,
+    workflows,
 )
 from awa.cli.group import (
     CliError,

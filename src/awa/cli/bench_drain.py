@@ -19,6 +19,10 @@
   inserted outside any trace, so their attempts start no spans (``awa.tracing``).
 - ``drain-otel-traced``: the same with every job inserted inside a span: each attempt is
   a span of that trace.
+- ``drain-chain``: the jobs form 64 chains (each job depends on the one before it in its
+  chain): every completion releases the next job, in its transaction.
+- ``drain-fan-in``: the jobs form batches of 100 members and one fan-in job each
+  (``insert_batch``): the last member's completion releases its fan-in job.
 
 The jobs wait in a paused queue while the workers start; the clock starts when the queue is
 resumed and stops when every job is committed as completed.
@@ -51,7 +55,11 @@ DRAIN_VARIANTS = (
     "drain-rated",
     "drain-otel",
     "drain-otel-traced",
+    "drain-chain",
+    "drain-fan-in",
 )
+CHAINS = 64
+BATCH = 100
 FOLLOW_UP_QUEUE = "bench-followups"  # nobody works it: follow-ups stay put
 QUEUE = "default"
 LIMITED_QUEUE = "bench-limited"  # drain-beside-limits: limits on a queue with no jobs
@@ -141,6 +149,28 @@ def jobs_of(variant: str, jobs: int) -> list[Any]:
     if variant == "drain-keys":
         return [awa.EnqueueRequest(Noop(n)).concurrency_key(f"key-{n % KEYS}") for n in range(jobs)]
     return [Noop(n) for n in range(jobs)]
+
+
+async def _insert_workflows(client: awa.AsyncClient, variant: str, jobs: int) -> int:
+    """Insert the ``jobs`` jobs of ``variant`` as chains or batches."""
+    if variant == "drain-fan-in":
+        remaining, n = jobs, 0
+        while remaining > 1:
+            size = min(BATCH, remaining - 1)
+            await client.insert_batch([Noop(n + k) for k in range(size)], on_complete=Noop(-1))
+            remaining -= size + 1
+            n += size
+        if remaining:
+            await client.insert(Noop(n))
+        return jobs
+    chains = min(CHAINS, jobs)
+    for chain in range(chains):
+        workflow = awa.Workflow(f"chain-{chain}")
+        steps: list[awa.Step] = []
+        for n in range(chain, jobs, chains):  # chain sizes differ by one at most
+            steps.append(workflow.add(Noop(n), depends_on=steps[-1:]))
+        await client.insert_workflow(workflow)
+    return jobs
 
 
 async def _wait_until_done(
@@ -237,7 +267,10 @@ async def bench_drain(
     try:
         await reset(client)
         await client.pause_queue(QUEUE)
-        await client.insert_many_copy(jobs_of(variant, jobs))
+        if variant in ("drain-chain", "drain-fan-in"):
+            await _insert_workflows(client, variant, jobs)
+        else:
+            await client.insert_many_copy(jobs_of(variant, jobs))
         async with client.connection() as conn:
             await conn.execute(query("bench_vacuum"))
             commits_before = await stat(conn, "bench_commits")

@@ -273,3 +273,40 @@ def discard_failed(client: awa.Client, kind: str, as_json: bool) -> None:
         print_json({"discarded": count, "kind": kind})
     else:
         click.echo(f"deleted {count} failed job(s) of kind {kind}")
+
+
+@job.command("kinds")
+@click.argument("kind", metavar="[KIND]", required=False)
+@json_option
+@pass_client
+def job_kinds(client: awa.Client, kind: str | None, as_json: bool) -> None:
+    """The job kinds workers registered or described (client.job_kind_descriptor), with
+    their descriptors and the queue of their task.
+
+    LIVE says whether a live worker runs that queue; LAST SEEN is when a worker last started
+    with the kind or the leader saw its queue run. Descriptions, docs URLs and extra are in
+    --json.
+    """
+    rows = client.list_job_kind_descriptors(kind=kind)
+    if as_json:
+        print_json([{**to_jsonable(row), "declared": row.declared} for row in rows])
+        return
+    if not rows:
+        click.echo("no job kinds yet (workers store them when they start)")
+        return
+    headers = ["KIND", "QUEUE", "DISPLAY NAME", "OWNER", "TAGS", "LIVE", "LAST SEEN"]
+    print_table(
+        headers,
+        [
+            [
+                row.kind,
+                row.queue,
+                row.display_name,
+                row.owner,
+                ", ".join(row.tags) or None,
+                "yes" if row.live else "no",
+                format_time(row.last_seen_at),
+            ]
+            for row in rows
+        ],
+    )

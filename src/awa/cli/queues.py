@@ -1,4 +1,4 @@
-"""``awa queue``: queue depth; pause, resume and drain queues."""
+"""``awa queue``: queue depth; pause, resume and drain queues; their descriptors."""
 
 from __future__ import annotations
 
@@ -9,12 +9,14 @@ import click
 import awa
 from awa.cli.group import (
     format_age,
+    format_time,
     json_option,
     lag_seconds,
     main,
     pass_client,
     print_json,
     print_table,
+    to_jsonable,
 )
 from awa.model import JobState
 
@@ -144,3 +146,38 @@ def drain_queue(client: awa.Client, name: str, as_json: bool) -> None:
         print_json({"queue": name, "cancelled": count})
     else:
         click.echo(f"cancelled {count} job(s) in queue {name}")
+
+
+@queue.command("descriptors")
+@click.argument("name", metavar="[QUEUE]", required=False)
+@json_option
+@pass_client
+def queue_descriptors(client: awa.Client, name: str | None, as_json: bool) -> None:
+    """What each queue is for: the descriptors workers declared (client.queue_descriptor)
+    and stored when they started, blank for queues run without one.
+
+    LIVE says whether a live worker runs the queue; LAST SEEN is when a worker last started
+    with it or the leader saw it run. Descriptions, docs URLs and extra are in --json.
+    """
+    rows = client.list_queue_descriptors(queue=name)
+    if as_json:
+        print_json([{**to_jsonable(row), "declared": row.declared} for row in rows])
+        return
+    if not rows:
+        click.echo("no queue descriptors yet (workers store them when they start)")
+        return
+    headers = ["QUEUE", "DISPLAY NAME", "OWNER", "TAGS", "LIVE", "LAST SEEN"]
+    print_table(
+        headers,
+        [
+            [
+                row.queue,
+                row.display_name,
+                row.owner,
+                ", ".join(row.tags) or None,
+                "yes" if row.live else "no",
+                format_time(row.last_seen_at),
+            ]
+            for row in rows
+        ],
+    )

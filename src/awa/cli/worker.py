@@ -40,6 +40,8 @@ async def serve(
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     signals = 0
+    stopping = False
+    hurrying: list[asyncio.Task[None]] = []
     main_task = asyncio.current_task()
     assert main_task is not None
 
@@ -49,6 +51,11 @@ async def serve(
         if signals == 1:
             log.info("%s received: shutting down gracefully", signal.Signals(signum).name)
             stop.set()
+        elif stopping:
+            # The graceful shutdown is under way: cut its wait short, let it finish the
+            # rest (requeue what was running, remove this worker from awa.runtimes).
+            log.warning("second signal: interrupting running handlers")
+            hurrying.append(loop.create_task(client.shutdown(timeout=0)))
         else:
             log.warning("second signal: interrupting running handlers")
             main_task.cancel()
@@ -65,6 +72,7 @@ async def serve(
     try:
         await client.start(queues, **runtime)
         await stop.wait()
+        stopping = True
         await client.shutdown(timeout=timeout)
     except asyncio.CancelledError:
         await client.shutdown(timeout=0)

@@ -195,6 +195,8 @@ async def prepare_follow_ups(
             follow_up = prepare_job(request, kind=None, opts=defaults, rules=rules)
         except Exception as error:
             raise FollowUpError(f"{spec.name}: invalid follow-up: {error}") from error
+        if follow_up.depends_on:
+            raise FollowUpError(f"{spec.name}: a follow-up cannot take depends_on")
         with_lineage(follow_up, job.id, job.kind, context.trigger.value, "follow_up")
         prepared.append(follow_up)
     return prepared

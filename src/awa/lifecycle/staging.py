@@ -184,6 +184,8 @@ def stage(job: StagingJob, args: Any, kwargs: Mapping[str, Any]) -> StagedFollow
     buffer = _buffer(job)
     try:
         kind, opts = split_kwargs("enqueue_on_completion", kwargs)
+        if opts.depends_on:
+            raise ValidationError("a staged follow-up cannot take depends_on")
         prepared = prepare_job(args, kind=kind, opts=opts, rules=job._insert_rules())
     except Exception as error:
         raise _fail(buffer, f"cannot stage the follow-up: {error}") from error

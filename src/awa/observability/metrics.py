@@ -124,7 +124,15 @@ class _Sources:
 
 sources = _Sources()
 
-SAMPLED_STATES = ("available", "scheduled", "running", "retryable", "waiting_external", "failed")
+SAMPLED_STATES = (
+    "available",
+    "scheduled",
+    "running",
+    "retryable",
+    "waiting_external",
+    "blocked",
+    "failed",
+)
 
 
 def register_runtime(runtime: RuntimeSource) -> None:

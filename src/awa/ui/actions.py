@@ -14,12 +14,14 @@ from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from awa import admin
+from awa.db import run_async
 from awa.errors import AwaError
 from awa.model import JobState
 from awa.ui import reads
 from awa.ui.context import ui_of
 from awa.ui.pages import BadRequest, job_filter
 from awa.ui.security import CSRF_FIELD, csrf_valid, flash
+from awa.workflows import cancel_workflow_statement
 
 MAX_BULK = 10_000
 """Jobs one bulk action moves at most (press again for the rest)."""
@@ -196,11 +198,26 @@ async def trigger_schedule(request: Request, form: FormData) -> Response:
     return _redirect(request, form, str(request.url_for("schedules")), message)
 
 
+async def cancel_workflow(request: Request, form: FormData) -> Response:
+    ui = ui_of(request)
+    wanted = request.path_params["workflow_id"]
+    async with ui.connection() as conn:
+        count = await run_async(conn, cancel_workflow_statement(wanted))
+    back = str(request.url_for("workflow", workflow_id=wanted))
+    return _redirect(request, form, back, f"{count} unfinished job(s) of the workflow cancelled.")
+
+
 def routes() -> list[Route]:
     post = ["POST"]
     return [
         Route("/jobs/{job_id:int}/{action}", _guarded(job_action), methods=post, name="job_do"),
         Route("/jobs/bulk", _guarded(bulk), methods=post, name="jobs_bulk"),
+        Route(
+            "/workflows/{workflow_id}/cancel",
+            _guarded(cancel_workflow),
+            methods=post,
+            name="workflow_cancel",
+        ),
         Route("/jobs/matching", _guarded(matching), methods=post, name="jobs_matching"),
         # Queue and schedule names may hold any character, "/" too: they come last.
         Route(

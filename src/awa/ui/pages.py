@@ -13,11 +13,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from awa import admin
+from awa.db import run_async
 from awa.errors import DatabaseError, ValidationError
 from awa.insert import LINEAGE
 from awa.model import JobRow, JobState
 from awa.ui import reads
 from awa.ui.context import ui_of
+from awa.workflows import WORKFLOW, WorkflowInfo, get_workflow_statement, workflow_id
 
 
 class BadRequest(ValidationError):
@@ -140,17 +142,42 @@ async def job(request: Request) -> Response:
         if isinstance(lineage, dict) and isinstance(lineage.get("id"), int):
             trigger = {"lineage": lineage, "row": await reads.job_brief(conn, lineage["id"])}
         follow_ups = await reads.follow_ups_of(conn, job_id)
+        parents = await reads.parents_of(conn, job_id)
+        children = await reads.children_of(conn, job_id) if row.has_dependents else []
     metadata = {key: value for key, value in row.metadata.items() if key != LINEAGE}
+    workflow = row.metadata.get(WORKFLOW) if isinstance(row.metadata, dict) else None
     context = {
         "job": row,
         "metadata": metadata,
         "trigger": trigger,
         "follow_ups": follow_ups,
+        "parents": parents,
+        "children": children,
+        "workflow": workflow if isinstance(workflow, dict) else None,
         "timeline": timeline(row),
         "errors": list(reversed(row.errors)),
         "page": "jobs",
     }
     return ui.render(request, "job.html", context)
+
+
+async def workflow(request: Request) -> Response:
+    """A workflow (or batch) as an indented list: each job under the jobs it waits for."""
+    ui = ui_of(request)
+    try:
+        wanted = workflow_id(request.path_params["workflow_id"])
+    except ValidationError as error:
+        raise BadRequest(str(error)) from None
+    async with ui.connection() as conn:
+        jobs = await run_async(conn, get_workflow_statement(wanted))
+    if not jobs:
+        raise HTTPException(404, f"no workflow {wanted} (or its jobs left after retention)")
+    info = WorkflowInfo(wanted, jobs)
+    depth: dict[int, int] = {}
+    for entry in info.jobs:  # parents come first: they were inserted earlier
+        depth[entry.job.id] = 1 + max((depth.get(p, -1) for p in entry.depends_on), default=-1)
+    context = {"info": info, "depth": depth, "page": "jobs"}
+    return ui.render(request, "workflow.html", context)
 
 
 async def job_progress(request: Request) -> Response:
@@ -233,6 +260,7 @@ def routes() -> list[Route]:
         Route("/jobs", jobs, name="jobs"),
         Route("/jobs/{job_id:int}", job, name="job"),
         Route("/jobs/{job_id:int}/progress", job_progress, name="job_progress"),
+        Route("/workflows/{workflow_id}", workflow, name="workflow"),
         Route("/callbacks", callbacks, name="callbacks"),
         Route("/schedules", schedules, name="schedules"),
         Route("/failed", failed, name="failed"),

@@ -30,6 +30,7 @@ SHOWN_STATES = (
     JobState.RUNNING,
     JobState.RETRYABLE,
     JobState.WAITING_EXTERNAL,
+    JobState.BLOCKED,
     JobState.FAILED,
 )
 
@@ -49,6 +50,18 @@ class QueueRow:
     paused_by: str | None
     workers: int
     slots: int
+    display_name: str | None = None
+    description: str | None = None
+    owner: str | None = None
+    docs_url: str | None = None
+    """The queue's descriptor (``client.queue_descriptor``), where one was declared."""
+
+    @property
+    def docs_link(self) -> str | None:
+        """``docs_url`` if it is a web address (a row written by other means could hold a
+        ``javascript:`` URL, which must never become a link)."""
+        url = self.docs_url or ""
+        return url if url.lower().startswith(("http://", "https://")) else None
 
     @property
     def throughput(self) -> int:
@@ -99,6 +112,10 @@ async def overview(conn: psycopg.AsyncConnection[Any]) -> Overview:
             paused_by=row["paused_by"],
             workers=int(row["workers"]),
             slots=int(row["slots"]),
+            display_name=row["display_name"],
+            description=row["description"],
+            owner=row["owner"],
+            docs_url=row["docs_url"],
         )
         for row in rows
     ]
@@ -204,3 +221,11 @@ async def callbacks(conn: psycopg.AsyncConnection[Any], limit: int = 200) -> lis
 
 async def failed_groups(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
     return await run_async(conn, Statement(query("ui_failed_groups"), None, _rows))
+
+
+async def parents_of(conn: psycopg.AsyncConnection[Any], job_id: int) -> list[dict[str, Any]]:
+    return await run_async(conn, Statement(query("ui_parents_of"), {"id": job_id}, _rows))
+
+
+async def children_of(conn: psycopg.AsyncConnection[Any], job_id: int) -> list[dict[str, Any]]:
+    return await run_async(conn, Statement(query("ui_children_of"), {"id": job_id}, _rows))

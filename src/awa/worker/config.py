@@ -81,9 +81,14 @@ class QueueConfig:
     # completed_retention / failed_retention (None: those).
     completed_retention: float | None = None
     failed_retention: float | None = None
+    # Whether this queue's jobs that fail for good move to the dead-letter queue (None: the
+    # runtime's dlq_enabled). See awa.dlq.
+    dlq_enabled: bool | None = None
 
     def __post_init__(self) -> None:
         check_name("queue", self.name)
+        if self.dlq_enabled is not None and not isinstance(self.dlq_enabled, bool):
+            raise ValidationError(f"queue {self.name!r}: dlq_enabled must be True or False")
         for field in ("completed_retention", "failed_retention"):
             value = getattr(self, field)
             if value is not None:
@@ -299,6 +304,14 @@ class RuntimeConfig:
     # Seconds between the leader's counts of each queue's jobs for the queue gauges (longer
     # on a large backlog: see worker/queue_sampling.py), and between each process's reads.
     queue_sample_interval: float = 5.0
+    # Whether jobs that fail for good move to the dead-letter queue, for the queues that do
+    # not set dlq_enabled themselves; and seconds an entry stays there before the leader
+    # deletes it (counted from when it was moved).
+    dlq_enabled: bool = False
+    dlq_retention: float = 30 * 86400.0
+    # Seconds a queue's or job kind's descriptor is kept after a worker last ran or declared
+    # it (the leader deletes it then); 0: keep descriptors for ever.
+    descriptor_retention: float = 30 * 86400.0
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> RuntimeConfig:
@@ -326,6 +339,7 @@ class RuntimeConfig:
             "cleanup_interval",
             "cron_interval",
             "queue_sample_interval",
+            "dlq_retention",
         ):
             object.__setattr__(self, field, _positive_seconds(getattr(self, field), field))
         object.__setattr__(
@@ -343,6 +357,8 @@ class RuntimeConfig:
             _positive_seconds(self.vacuum_interval, "vacuum_interval", allow_zero=True),
         )
         _positive_int(self.completion_batch_size, "completion_batch_size")
+        if not isinstance(self.dlq_enabled, bool):
+            raise ValidationError("dlq_enabled must be True or False")
         if self.cancel_grace is not None:
             object.__setattr__(
                 self,
@@ -359,6 +375,11 @@ class RuntimeConfig:
             _positive_seconds(
                 self.priority_aging_interval, "priority_aging_interval", allow_zero=True
             ),
+        )
+        object.__setattr__(
+            self,
+            "descriptor_retention",
+            _positive_seconds(self.descriptor_retention, "descriptor_retention", allow_zero=True),
         )
         if self.heartbeat_staleness < 2 * self.heartbeat_interval:
             raise ValidationError(

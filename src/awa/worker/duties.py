@@ -6,18 +6,21 @@ from collections.abc import Awaitable, Callable
 
 from awa.lifecycle.events import RescueReason
 from awa.worker import limits
+from awa.worker.batch_duty import batch_operation_duty
 from awa.worker.config import RuntimeConfig
 from awa.worker.cron import cron_duty
+from awa.worker.descriptors import descriptor_duty
 from awa.worker.maintenance import Duty, promotion_duty, runtime_expiry_duty, vacuum_duty
 from awa.worker.queue_sampling import queue_sampling_duty
-from awa.worker.rescue import SWEEPS, Rescue, rescue_duty, retention_duty
+from awa.worker.rescue import SWEEPS, Rescue, dlq_retention_duty, rescue_duty, retention_duty
 
 
 def leader_duties(
     config: RuntimeConfig, *, on_rescued: Callable[[list[Rescue]], Awaitable[None]]
 ) -> list[Duty]:
-    """Promotion, the three rescue sweeps, retention, stale runtimes, periodic jobs, queue
-    samples, priority aging and vacuum (the last two unless turned off)."""
+    """Promotion, the three rescue sweeps, retention (of jobs and of DLQ entries), stale
+    runtimes, periodic jobs, queue samples, descriptors, batch operations, priority aging
+    and vacuum (the last two unless turned off)."""
     intervals = {
         RescueReason.STALE_HEARTBEAT: config.heartbeat_rescue_interval,
         RescueReason.DEADLINE_EXCEEDED: config.deadline_rescue_interval,
@@ -41,9 +44,16 @@ def leader_duties(
             failed=config.failed_retention,
             batch_size=config.cleanup_batch_size,
         ),
+        dlq_retention_duty(
+            interval=config.cleanup_interval,
+            retention=config.dlq_retention,
+            batch_size=config.cleanup_batch_size,
+        ),
         runtime_expiry_duty(config.cleanup_interval),
         cron_duty(config.cron_interval),
         queue_sampling_duty(config.queue_sample_interval),
+        descriptor_duty(config.descriptor_retention, config.cleanup_interval),
+        batch_operation_duty(),
     ]
     if config.priority_aging_interval > 0:
         duties.append(limits.aging_duty(config.priority_aging_interval))

@@ -1,4 +1,5 @@
-"""Maintenance duties of the leader: rescue of dead or stuck attempts, and retention.
+"""Maintenance duties of the leader: rescue of dead or stuck attempts, and retention (of
+finished jobs and of dead-letter queue entries).
 
 Three sweeps find attempts that will not finish by themselves: a stale heartbeat (the worker
 died), a passed deadline (the handler hangs) and an expired callback (nobody answered). Each
@@ -182,8 +183,33 @@ def retention_duty(
                 break
         if total:
             log.info("retention deleted %d finished jobs", total)
+        # Dependency edges of deleted children (no foreign key: see migration 11).
+        await conn.execute(query("prune_dependency_edges"), {"limit": batch_size})
 
     return Duty("retention", interval, run)
+
+
+def dlq_retention_duty(
+    *, interval: float, retention: float, batch_size: int, max_batches: int = 50
+) -> Duty:
+    """Delete dead-letter queue entries moved more than ``retention`` seconds ago, oldest
+    first, in batches of ``batch_size`` (at most ``max_batches`` per tick)."""
+
+    async def run(conn: psycopg.AsyncConnection[Any]) -> None:
+        params = {"retention": retention, "limit": batch_size}
+        total = 0
+        for _ in range(max_batches):
+            async with conn.cursor(row_factory=dict_row) as cursor:
+                await cursor.execute(query("dlq_delete_expired"), params)
+                row = await cursor.fetchone()
+            deleted = int(row["count"]) if row else 0
+            total += deleted
+            if deleted < batch_size:
+                break
+        if total:
+            log.info("retention deleted %d dead-letter queue entries", total)
+
+    return Duty("dlq retention", interval, run)
 
 
 RESCUE_FOLLOW_UP_TIMEOUT = 30.0

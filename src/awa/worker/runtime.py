@@ -18,17 +18,18 @@ from typing import Any, Protocol, TypeVar, cast
 import psycopg
 
 from awa.db import Statement, run_async, translate_errors
+from awa.dlq import store_settings_statement
 from awa.errors import AwaError, DatabaseError
 from awa.insert import InsertRules
 from awa.job import Job
 from awa.kinds import decoder_for
-from awa.lifecycle.events import Completed, JobEvent, Started
+from awa.lifecycle.events import Cancelled, Completed, JobEvent, Started
 from awa.lifecycle.followups import (
     FollowUpError,
     FollowUpRegistry,
 )
 from awa.lifecycle.hooks import HookDispatcher
-from awa.model import JobState
+from awa.model import JobRow, JobState
 from awa.observability import metrics
 from awa.observability.health import RuntimeHealth
 from awa.observability.queue_samples import keep_queue_samples
@@ -112,6 +113,7 @@ class Runtime:
         self.inflight = InFlight()
         self._callback_waiters: dict[int, asyncio.Event] = {}
         self._interrupting = asyncio.Event()
+        self._hurry = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         # Any queue run here may hold jobs of a def handler (an insert may name any queue), so
         # they may fill every slot; the pool starts threads only as they are needed.
@@ -214,6 +216,7 @@ class Runtime:
     async def start(self) -> None:
         url = await self._host.database_url()
         quiet_pool_reconnect_errors("awa")
+        await self._store_dlq_settings()
         self._build_decoders()
         self._completer.start()
         self._listener = Listener(
@@ -261,6 +264,22 @@ class Runtime:
             name="awa-queue-samples",
         )
         log.info("worker started on queues %s", ", ".join(self._dispatchers))
+
+    async def _store_dlq_settings(self) -> None:
+        """Record whether each queue run here moves jobs that fail for good to the
+        dead-letter queue: the trigger that moves them reads it, whichever process fails
+        the job (a rescue by the leader, a callback answered elsewhere)."""
+        enabled = {
+            queue.name: self.config.dlq_enabled if queue.dlq_enabled is None else queue.dlq_enabled
+            for queue in self.queues
+        }
+        for name, was in await self.execute(store_settings_statement(enabled)):
+            log.info(
+                "queue %s: dead-letter queue turned %s (was %s)",
+                name,
+                "on" if enabled[name] else "off",
+                "on" if was else "off",
+            )
 
     def _build_decoders(self) -> None:
         """Build each handler's args decoder now rather than at its first job, which would
@@ -329,13 +348,30 @@ class Runtime:
         self.threads.shutdown(wait=False, cancel_futures=True)
         log.info("worker stopped")
 
+    def hurry(self) -> None:
+        """Cut a shutdown's wait for running handlers short (a second SIGTERM): they are
+        cancelled and interrupted now, and their jobs requeued."""
+        self._hurry.set()
+
     async def _drain_slots(self, timeout: float) -> list[asyncio.Task[None]]:
-        """Let every queue's busy slots finish; returns those still busy after ``timeout``."""
-        busy: list[asyncio.Task[None]] = []
-        drains = [dispatcher.drain(timeout) for dispatcher in self._dispatchers.values()]
-        for pending in await asyncio.gather(*drains):
-            busy.extend(pending)
-        return busy
+        """Let every queue's busy slots finish; returns those still busy after ``timeout``
+        (or at once when ``hurry()`` is called meanwhile)."""
+        dispatchers = list(self._dispatchers.values())
+        drains = asyncio.ensure_future(
+            asyncio.gather(*(dispatcher.drain(timeout) for dispatcher in dispatchers))
+        )
+        hurried = asyncio.ensure_future(self._hurry.wait())
+        waiters: set[asyncio.Future[Any]] = {drains, hurried}
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        hurried.cancel()
+        if drains.done():
+            results = drains.result()
+        else:
+            drains.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await drains
+            results = await asyncio.gather(*(dispatcher.drain(0) for dispatcher in dispatchers))
+        return [slot for pending in results for slot in pending]
 
     async def _release_unstarted(self, jobs: list[Job[Any]]) -> None:
         if not jobs:
@@ -472,6 +508,23 @@ class Runtime:
             self.completed += 1
         if committed.event is not None:
             self._hooks.dispatch(committed.event)
+        row = committed.row
+        if row.has_dependents and row.state in (JobState.FAILED, JobState.CANCELLED):
+            self._later(self._dependents_cancelled(row))
+
+    async def _dependents_cancelled(self, parent: JobRow) -> None:
+        """Fire Cancelled for the dependents the parent's outcome cancelled with it."""
+        params = {"id": parent.id, "finalized_at": parent.finalized_at}
+        statement = Statement(query("dependents_cancelled_with"), params, _job_rows)
+        try:
+            async with self._host.connection() as conn:
+                rows = await run_async(conn, statement)
+        except AwaError as error:
+            log.warning("job %s: its cancelled dependents' hooks are lost: %s", parent.id, error)
+            return
+        for row in rows:
+            reason = row.errors[-1].get("error", "") if row.errors else ""
+            self._hooks.dispatch(Cancelled(row, row.args, str(reason)))
 
     async def _commit(
         self,
@@ -606,3 +659,7 @@ class Runtime:
             }
             for name, dispatcher in self._dispatchers.items()
         }
+
+
+def _job_rows(rows: list[dict[str, Any]]) -> list[JobRow]:
+    return [JobRow.from_record(row) for row in rows]

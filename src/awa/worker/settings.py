@@ -5,7 +5,8 @@ One scheme for everything ``start()`` takes:
 - Every runtime setting of ``start()`` (``awa.RuntimeConfig``) is a flag named after it
   (``--heartbeat-interval 10``), an environment variable (``AWA_HEARTBEAT_INTERVAL=10``) and
   a key of the file's ``[worker]`` table (``heartbeat_interval = 10``). Durations are
-  seconds; ``none`` turns off an optional one (``--cancel-grace none``).
+  seconds; ``none`` turns off an optional one (``--cancel-grace none``); switches take
+  ``true`` or ``false`` (``--dlq-enabled true``).
 - Queues: ``--queue email=4`` (repeatable; ``AWA_QUEUES="email=4 billing=2"``) and per-queue
   settings ``--queue-option email.deadline_duration=60`` (``AWA_QUEUE_OPTIONS``), or a
   ``[queues.email]`` table in the file (``max_workers = 4``, ``deadline_duration = 60``,
@@ -61,6 +62,11 @@ RUNTIME_HELP: dict[str, str] = {
     "priority one level (0: no aging).",
     "queue_sample_interval": "Seconds between the leader's counts of each queue's jobs for the "
     "queue gauges (stretched on a large backlog).",
+    "dlq_enabled": "Move jobs that fail for good to the dead-letter queue (true/false), in the "
+    "queues that do not set dlq_enabled themselves.",
+    "dlq_retention": "Seconds a dead-letter queue entry is kept (default 30 days).",
+    "descriptor_retention": "Seconds a queue's or kind's descriptor is kept after a worker last "
+    "ran or declared it (0: for ever; default 30 days).",
 }
 
 QUEUE_KEYS = frozenset(
@@ -91,6 +97,8 @@ def parse_value(name: str, text: str) -> Any:
     """A setting given as text (a flag or an environment variable), as its type."""
     kind = _TYPES[name]
     optional = kind.endswith("| None")
+    if kind.startswith("bool"):
+        return _parse_bool(name, text, optional)
     if optional and text.strip().lower() in ("none", "off", ""):
         return None
     if name == "rate_limit":
@@ -112,6 +120,21 @@ def parse_value(name: str, text: str) -> Any:
     if not math.isfinite(value):
         raise ValidationError(f"{name} must be a finite number, got {text!r}")
     return value
+
+
+_TRUE = ("true", "yes", "on", "1")
+_FALSE = ("false", "no", "off", "0")
+
+
+def _parse_bool(name: str, text: str, optional: bool) -> bool | None:
+    word = text.strip().lower()
+    if word in _TRUE:
+        return True
+    if word in _FALSE:
+        return False
+    if optional and word in ("none", ""):
+        return None
+    raise ValidationError(f"{name} must be true or false, got {text!r}")
 
 
 @dataclasses.dataclass

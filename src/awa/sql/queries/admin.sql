@@ -172,15 +172,15 @@ SELECT r.queue FROM resumed AS r
 CROSS JOIN LATERAL (SELECT pg_notify('awa_jobs', r.queue)) AS n
 
 -- name: drain_queue
--- Cancels every job of the queue that waits to run (available, scheduled, retryable) or is
--- parked on a callback. Running jobs finish their attempt.
+-- Cancels every job of the queue that waits to run (available, scheduled, retryable,
+-- blocked on dependencies) or is parked on a callback. Running jobs finish their attempt.
 WITH drained AS (
     UPDATE awa.jobs
     SET state = 'cancelled', finalized_at = now(), heartbeat_at = NULL, deadline_at = NULL,
         callback_id = NULL, callback_timeout_at = NULL, callback_filter = NULL,
         callback_on_complete = NULL, callback_on_fail = NULL, callback_transform = NULL
     WHERE queue = %(queue)s
-      AND state IN ('available', 'scheduled', 'retryable', 'waiting_external')
+      AND state IN ('available', 'scheduled', 'retryable', 'waiting_external', 'blocked')
     RETURNING 1
 )
 SELECT count(*) AS count FROM drained

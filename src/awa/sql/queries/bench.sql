@@ -18,7 +18,7 @@ COMMENT ON DATABASE {database} IS {mark}
 DROP DATABASE IF EXISTS {database} WITH (FORCE)
 
 -- name: bench_reset
-TRUNCATE awa.jobs, awa.queues, awa.queue_limits
+TRUNCATE awa.jobs, awa.queues, awa.queue_limits, awa.job_dependencies
 
 -- name: bench_vacuum
 VACUUM ANALYZE awa.jobs

@@ -5,7 +5,7 @@
 
 -- name: ui_queue_overview
 -- Every queue anything knows of: sampled by the leader, paused, limited, or run by a live
--- worker; with its sample, pause status and the live workers that run it.
+-- worker; with its sample, pause status, the live workers that run it and its descriptor.
 WITH names AS (
     SELECT queue FROM awa.queue_samples
     UNION SELECT queue FROM awa.queues
@@ -27,11 +27,13 @@ SELECT n.queue,
        COALESCE(p.paused, false) AS paused,
        p.paused_by,
        COALESCE(w.workers, 0) AS workers,
-       COALESCE(w.slots, 0) AS slots
+       COALESCE(w.slots, 0) AS slots,
+       d.display_name, d.description, d.owner, d.docs_url
 FROM names AS n
 LEFT JOIN awa.queue_samples AS s ON s.queue = n.queue
 LEFT JOIN awa.queues AS p ON p.queue = n.queue
 LEFT JOIN workers AS w ON w.queue = n.queue
+LEFT JOIN awa.queue_descriptors AS d ON d.queue = n.queue
 ORDER BY n.queue
 
 -- name: ui_sample_age
@@ -137,3 +139,18 @@ SELECT c.key AS state, sum(c.value::bigint)::bigint AS n
 FROM awa.queue_samples AS s
 CROSS JOIN LATERAL jsonb_each_text(s.counts) AS c
 GROUP BY c.key
+
+-- name: ui_parents_of
+-- The jobs this job depends on, with their states and how each edge resolved.
+SELECT d.parent_id AS id, p.kind, p.state, d.policy, d.resolved
+FROM awa.job_dependencies AS d LEFT JOIN awa.jobs AS p ON p.id = d.parent_id
+WHERE d.child_id = %(id)s
+ORDER BY d.parent_id
+
+-- name: ui_children_of
+-- The jobs that depend on this one (at most 200).
+SELECT d.child_id AS id, c.kind, c.state, d.policy, d.resolved
+FROM awa.job_dependencies AS d JOIN awa.jobs AS c ON c.id = d.child_id
+WHERE d.parent_id = %(id)s
+ORDER BY d.child_id
+LIMIT 200

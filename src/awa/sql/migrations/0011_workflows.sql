@@ -1,0 +1,331 @@
+-- Workflows: jobs that wait for other jobs (dependencies, batches with one fan-in job), and
+-- notifications when a watched job finishes (client.wait).
+--
+-- A job inserted with unfinished parents is 'blocked': no claim, promotion, rescue or
+-- retention touches it. The transaction that commits a parent's final state settles its
+-- children in the same transaction (a trigger): the last parent to complete releases a child
+-- (available, or scheduled for a later run_at); a parent that fails or is cancelled cancels
+-- the children whose policy is 'cancel' (and so, in turn, their own children), counts as done
+-- for policy 'run', and leaves policy 'wait' children blocked until an operator acts. A crash
+-- can neither lose nor repeat a release: it commits with the parent's outcome or not at all.
+--
+-- The new enum value cannot be used in the transaction that adds it, so nothing below names
+-- it as an enum literal: comparisons go through state::text.
+
+ALTER TYPE awa.job_state ADD VALUE IF NOT EXISTS 'blocked';
+
+-- A blocked job holds its unique key like a scheduled one (it waits to run).
+CREATE OR REPLACE FUNCTION awa.state_bit(s awa.job_state) RETURNS smallint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE s::text
+        WHEN 'scheduled' THEN 0
+        WHEN 'available' THEN 1
+        WHEN 'running' THEN 2
+        WHEN 'completed' THEN 3
+        WHEN 'retryable' THEN 4
+        WHEN 'failed' THEN 5
+        WHEN 'cancelled' THEN 6
+        WHEN 'waiting_external' THEN 7
+        WHEN 'blocked' THEN 0
+    END::smallint
+$$;
+
+ALTER TABLE awa.jobs
+    -- The workflow or batch the job belongs to (client.insert_workflow, insert_batch).
+    ADD COLUMN workflow_id uuid,
+    -- Some job depends on this one: its final state settles them (the trigger's filter).
+    ADD COLUMN has_dependents boolean NOT NULL DEFAULT false,
+    -- Someone waits for this job (client.wait): its final state is announced on
+    -- awa_finished.
+    ADD COLUMN watched boolean NOT NULL DEFAULT false;
+
+-- The dead-letter queue keeps the new columns too: a job retried from it comes back with its
+-- workflow and its dependents (migration 7's move, now copying them).
+ALTER TABLE awa.dlq_entries
+    ADD COLUMN workflow_id uuid,
+    ADD COLUMN has_dependents boolean NOT NULL DEFAULT false,
+    ADD COLUMN watched boolean NOT NULL DEFAULT false;
+
+CREATE OR REPLACE FUNCTION awa.move_failed_job_to_dlq() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_last jsonb := NEW.errors -> -1;
+    v_reason text;
+BEGIN
+    IF NOT EXISTS (
+        SELECT 1 FROM awa.queue_settings AS s WHERE s.queue = NEW.queue AND s.dlq_enabled
+    ) THEN
+        RETURN NULL;
+    END IF;
+    v_reason := CASE
+        WHEN v_last ? 'rescued'
+            THEN left(COALESCE(NULLIF(v_last ->> 'rescued', ''), 'rescued'), 200)
+        -- Only a callback answered with fail clears the callback a running or parked job held.
+        WHEN OLD.callback_id IS NOT NULL AND NEW.callback_id IS NULL THEN 'callback_failed'
+        WHEN v_last -> 'terminal' = 'true'::jsonb THEN 'terminal_error'
+        ELSE 'max_attempts_exhausted'
+    END;
+    DELETE FROM awa.dlq_entries AS d WHERE d.id = NEW.id;
+    INSERT INTO awa.dlq_entries (
+        id, kind, queue, args, state, priority, attempt, max_attempts, run_lease, run_at,
+        created_at, attempted_at, finalized_at, heartbeat_at, deadline_at, deadline_duration,
+        errors, metadata, tags, unique_key, unique_states, ordering_key, callback_id,
+        callback_timeout_at, callback_filter, callback_on_complete, callback_on_fail,
+        callback_transform, callback_in_handler, progress, output, concurrency_key,
+        workflow_id, has_dependents, watched,
+        reason, dlq_at, original_run_lease
+    ) VALUES (
+        NEW.id, NEW.kind, NEW.queue, NEW.args, NEW.state, NEW.priority, NEW.attempt,
+        NEW.max_attempts, NEW.run_lease, NEW.run_at, NEW.created_at, NEW.attempted_at,
+        NEW.finalized_at, NEW.heartbeat_at, NEW.deadline_at, NEW.deadline_duration, NEW.errors,
+        NEW.metadata, NEW.tags, NEW.unique_key, NEW.unique_states, NEW.ordering_key,
+        NEW.callback_id, NEW.callback_timeout_at, NEW.callback_filter, NEW.callback_on_complete,
+        NEW.callback_on_fail, NEW.callback_transform, NEW.callback_in_handler, NEW.progress,
+        NEW.output, NEW.concurrency_key,
+        NEW.workflow_id, NEW.has_dependents, NEW.watched,
+        v_reason, now(), NEW.run_lease
+    );
+    DELETE FROM awa.jobs AS j WHERE j.id = NEW.id;
+    RETURN NULL;
+END
+$$;
+
+CREATE INDEX jobs_workflow_idx ON awa.jobs (workflow_id, id) WHERE workflow_id IS NOT NULL;
+
+-- One row per (child, parent). No foreign keys: retention deletes parents before or after
+-- their children; the leader removes edges whose child is gone.
+CREATE TABLE awa.job_dependencies (
+    child_id bigint NOT NULL,
+    parent_id bigint NOT NULL,
+    -- What the child does when this parent ends failed or cancelled.
+    policy text NOT NULL CHECK (policy IN ('cancel', 'run', 'wait')),
+    -- The parent's final state once it counts for the child (NULL: not yet).
+    resolved text,
+    PRIMARY KEY (child_id, parent_id)
+);
+
+CREATE INDEX job_dependencies_parent_idx ON awa.job_dependencies (parent_id);
+
+-- Settle blocked children whose parents' edges changed: lock them in id order (two
+-- transactions settling the same children wait for each other instead of deadlocking, and
+-- the later one sees the earlier one's resolutions), then cancel each child that a 'cancel'
+-- edge resolved as failed or cancelled, and release each child with no unresolved edge.
+-- Returns the ids of the children whose state it changed.
+CREATE FUNCTION awa.settle_children(p_children bigint[]) RETURNS SETOF bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    child record;
+    blocker record;
+BEGIN
+    FOR child IN
+        SELECT j.id FROM awa.jobs AS j
+        WHERE j.id = ANY(p_children) AND j.state::text = 'blocked'
+        ORDER BY j.id
+        FOR UPDATE
+    LOOP
+        SELECT d.parent_id, d.resolved, p.kind INTO blocker
+        FROM awa.job_dependencies AS d LEFT JOIN awa.jobs AS p ON p.id = d.parent_id
+        WHERE d.child_id = child.id AND d.policy = 'cancel'
+          AND d.resolved IN ('failed', 'cancelled')
+        ORDER BY d.parent_id
+        LIMIT 1;
+        IF FOUND THEN
+            UPDATE awa.jobs
+            SET state = 'cancelled', finalized_at = now(),
+                errors = errors || jsonb_build_array(jsonb_build_object(
+                    'error', format('cancelled: dependency %s (%s) ended %s',
+                                    blocker.parent_id, coalesce(blocker.kind, 'deleted'),
+                                    blocker.resolved),
+                    'attempt', attempt, 'at', now()))
+            WHERE id = child.id;
+            RETURN NEXT child.id;
+        ELSIF NOT EXISTS (SELECT 1 FROM awa.job_dependencies AS d
+                          WHERE d.child_id = child.id AND d.resolved IS NULL) THEN
+            -- A batch's fan-in job also receives its members' outcomes.
+            UPDATE awa.jobs AS j
+            SET state = CASE WHEN j.run_at <= now() THEN 'available' ELSE 'scheduled' END
+                        ::awa.job_state,
+                metadata = CASE WHEN j.metadata ? 'awa:fan_in' THEN j.metadata || jsonb_build_object(
+                    'awa:batch', (
+                        SELECT jsonb_build_object(
+                            'counts', jsonb_object_agg(s.resolved, s.n),
+                            'ids', jsonb_object_agg(s.resolved, s.ids))
+                        FROM (SELECT d.resolved, count(*) AS n,
+                                     jsonb_agg(d.parent_id ORDER BY d.parent_id) AS ids
+                              FROM awa.job_dependencies AS d
+                              WHERE d.child_id = j.id
+                              GROUP BY d.resolved) AS s))
+                    ELSE j.metadata END
+            WHERE j.id = child.id;
+            PERFORM pg_notify('awa_jobs', j.queue) FROM awa.jobs AS j
+            WHERE j.id = child.id AND j.state::text = 'available';
+            RETURN NEXT child.id;
+        END IF;
+    END LOOP;
+END
+$$;
+
+-- Resolve the edges that these parents' final states settle (a failure does not settle a
+-- 'wait' edge: that child waits for the parent to be retried, or for an operator), then
+-- settle their children.
+CREATE FUNCTION awa.settle_dependents(p_parents bigint[]) RETURNS SETOF bigint
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE awa.job_dependencies AS d
+    SET resolved = p.state::text
+    FROM awa.jobs AS p
+    WHERE p.id = ANY(p_parents) AND d.parent_id = p.id AND d.resolved IS NULL
+      AND p.state::text IN ('completed', 'failed', 'cancelled')
+      AND (p.state::text = 'completed' OR d.policy <> 'wait');
+    RETURN QUERY SELECT awa.settle_children(array_agg(DISTINCT d.child_id))
+    FROM awa.job_dependencies AS d WHERE d.parent_id = ANY(p_parents);
+END
+$$;
+
+-- Row trigger: note the finished parents of the statement (a cheap filter: only rows flagged
+-- has_dependents or watched reach the function), and announce watched jobs.
+CREATE FUNCTION awa.note_finished_job() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.has_dependents THEN
+        PERFORM set_config('awa.finished_parents',
+                           coalesce(current_setting('awa.finished_parents', true), '')
+                               || NEW.id::text || ',',
+                           true);
+    END IF;
+    IF NEW.watched THEN
+        PERFORM pg_notify('awa_finished', NEW.id::text);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER jobs_note_finished
+    AFTER UPDATE OF state ON awa.jobs
+    FOR EACH ROW
+    WHEN ((NEW.has_dependents OR NEW.watched)
+          AND NEW.state::text IN ('completed', 'failed', 'cancelled')
+          AND OLD.state IS DISTINCT FROM NEW.state)
+    EXECUTE FUNCTION awa.note_finished_job();
+
+-- A parent deleted before it finished (an operator's discard) will never complete: its
+-- edges count as cancelled (a 'wait' edge keeps waiting, for an operator). Its children are
+-- settled once the statement is done.
+CREATE FUNCTION awa.note_deleted_parent() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    children text;
+BEGIN
+    WITH resolved AS (
+        UPDATE awa.job_dependencies AS d
+        SET resolved = CASE WHEN OLD.state::text IN ('completed', 'failed', 'cancelled')
+                            THEN OLD.state::text ELSE 'cancelled' END
+        WHERE d.parent_id = OLD.id AND d.resolved IS NULL
+          AND (OLD.state::text = 'completed' OR d.policy <> 'wait')
+        RETURNING d.child_id
+    )
+    SELECT string_agg(child_id::text, ',') INTO children FROM resolved;
+    IF children IS NOT NULL THEN
+        PERFORM set_config('awa.unsettled_children',
+                           coalesce(current_setting('awa.unsettled_children', true), '')
+                               || children || ',',
+                           true);
+    END IF;
+    IF OLD.watched THEN
+        PERFORM pg_notify('awa_finished', OLD.id::text);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER jobs_note_deleted_parent
+    AFTER DELETE ON awa.jobs
+    FOR EACH ROW
+    WHEN (OLD.has_dependents OR OLD.watched)
+    EXECUTE FUNCTION awa.note_deleted_parent();
+
+-- Statement trigger: settle what the statement's rows noted once it is done. The cascade (a
+-- cancelled child's own children) is settled here in a loop rather than by nested triggers,
+-- so a long chain cannot exhaust the stack. The ids of the children it cancelled stay in
+-- awa.cancelled_dependents for the rest of the transaction, so that the worker committing
+-- the parent's outcome can fire their Cancelled hooks.
+CREATE FUNCTION awa.settle_noted() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    parents text;
+    children text;
+    changed bigint[];
+BEGIN
+    IF pg_trigger_depth() > 1 THEN
+        RETURN NULL;  -- inside a settlement: the outer loop takes what was noted
+    END IF;
+    LOOP
+        parents := coalesce(current_setting('awa.finished_parents', true), '');
+        children := coalesce(current_setting('awa.unsettled_children', true), '');
+        EXIT WHEN parents = '' AND children = '';
+        PERFORM set_config('awa.finished_parents', '', true);
+        PERFORM set_config('awa.unsettled_children', '', true);
+        SELECT array_agg(id) INTO changed FROM (
+            SELECT awa.settle_dependents(string_to_array(rtrim(parents, ','), ',')::bigint[])
+            WHERE parents <> ''
+            UNION ALL
+            SELECT awa.settle_children(string_to_array(rtrim(children, ','), ',')::bigint[])
+            WHERE children <> ''
+        ) AS settled(id);
+        IF changed IS NOT NULL THEN
+            PERFORM set_config('awa.cancelled_dependents',
+                               coalesce(current_setting('awa.cancelled_dependents', true), '')
+                                   || coalesce((SELECT string_agg(j.id::text, ',') || ','
+                                                FROM awa.jobs AS j
+                                                WHERE j.id = ANY(changed)
+                                                  AND j.state::text = 'cancelled'), ''),
+                               true);
+        END IF;
+    END LOOP;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER jobs_settle_after_update
+    AFTER UPDATE ON awa.jobs
+    FOR EACH STATEMENT
+    EXECUTE FUNCTION awa.settle_noted();
+
+CREATE TRIGGER jobs_settle_after_delete
+    AFTER DELETE ON awa.jobs
+    FOR EACH STATEMENT
+    EXECUTE FUNCTION awa.settle_noted();
+
+-- Add edges from a child (inserted in this transaction) to its parents, and put it in the
+-- state they call for: blocked while a parent is unfinished, cancelled at once when a parent
+-- already failed under policy 'cancel', untouched (available or scheduled) when every parent
+-- is done. Missing parents raise an error naming them. Parents are locked while flagged, so a
+-- parent finishing concurrently either sees the edge or is seen finished here.
+CREATE FUNCTION awa.add_dependencies(p_child bigint, p_parents bigint[], p_policy text)
+RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    missing bigint[];
+BEGIN
+    UPDATE awa.jobs SET has_dependents = true
+    WHERE id = ANY(p_parents) AND NOT has_dependents;
+    SELECT array_agg(wanted) INTO missing
+    FROM unnest(p_parents) AS wanted
+    WHERE NOT EXISTS (SELECT 1 FROM awa.jobs WHERE id = wanted);
+    IF missing IS NOT NULL THEN
+        RAISE EXCEPTION 'depends_on names jobs that do not exist: %', missing
+            USING ERRCODE = 'foreign_key_violation';
+    END IF;
+    INSERT INTO awa.job_dependencies (child_id, parent_id, policy, resolved)
+    SELECT p_child, p.id, p_policy,
+           CASE WHEN p.state::text = 'completed'
+                  OR (p.state::text IN ('failed', 'cancelled') AND p_policy <> 'wait')
+                THEN p.state::text END
+    FROM awa.jobs AS p
+    WHERE p.id = ANY(p_parents)
+    ON CONFLICT DO NOTHING;
+    UPDATE awa.jobs SET state = 'blocked' WHERE id = p_child;
+    PERFORM awa.settle_children(ARRAY[p_child]);
+    RETURN (SELECT state::text FROM awa.jobs WHERE id = p_child);
+END
+$$;

@@ -1,0 +1,68 @@
+-- Dependencies, workflows, batches and waiting for a job (migration 11 holds the triggers
+-- that settle dependents when their parents finish).
+
+-- name: add_dependencies
+-- Edges from a just-inserted job to its parents; returns the state they put it in.
+SELECT awa.add_dependencies(%(child)s, %(parents)s::bigint[], %(policy)s) AS state
+
+-- name: set_workflow
+-- Record the workflow (or batch) of freshly inserted jobs, with the fan-in job's marker.
+UPDATE awa.jobs SET workflow_id = %(workflow)s WHERE id = ANY(%(ids)s::bigint[])
+
+-- name: workflow_jobs
+-- Every job of a workflow, oldest first, with the ids it depends on.
+SELECT j.*,
+       COALESCE((SELECT array_agg(d.parent_id ORDER BY d.parent_id)
+                 FROM awa.job_dependencies AS d WHERE d.child_id = j.id), '{}') AS depends_on
+FROM awa.jobs AS j
+WHERE j.workflow_id = %(workflow)s
+ORDER BY j.id
+
+-- name: cancel_workflow
+-- Cancel every unfinished job of a workflow (blocked ones included). Running and parked
+-- attempts are told through awa_cancel, as cancel_job does. Dependents settle by trigger.
+WITH cancelled AS (
+    UPDATE awa.jobs AS j
+    SET state = 'cancelled', finalized_at = now(), heartbeat_at = NULL, deadline_at = NULL,
+        callback_id = NULL, callback_timeout_at = NULL, callback_filter = NULL,
+        callback_on_complete = NULL, callback_on_fail = NULL, callback_transform = NULL,
+        errors = j.errors || jsonb_build_array(jsonb_build_object(
+            'error', 'cancelled: workflow cancelled', 'attempt', j.attempt, 'at', now()))
+    FROM (SELECT id, state AS prior_state FROM awa.jobs
+          WHERE workflow_id = %(workflow)s
+            AND state NOT IN ('completed', 'failed', 'cancelled')
+          ORDER BY id
+          FOR UPDATE) AS target
+    WHERE j.id = target.id
+    RETURNING j.id, j.run_lease, target.prior_state
+)
+SELECT count(*) AS count,
+       count(pg_notify('awa_cancel', json_build_object('job_id', c.id,
+                                                       'run_lease', c.run_lease)::text))
+           FILTER (WHERE c.prior_state IN ('running', 'waiting_external')) AS told
+FROM cancelled AS c
+
+-- name: watch_job
+-- Mark a job watched (its final state is announced on awa_finished) and return it.
+UPDATE awa.jobs SET watched = true WHERE id = %(id)s RETURNING *
+
+-- name: prune_dependency_edges
+-- Edges whose child is gone (retention deleted it), a bounded batch at a time.
+DELETE FROM awa.job_dependencies
+WHERE ctid IN (
+    SELECT d.ctid FROM awa.job_dependencies AS d
+    WHERE NOT EXISTS (SELECT 1 FROM awa.jobs AS j WHERE j.id = d.child_id)
+    LIMIT %(limit)s
+)
+
+-- name: dependents_cancelled_with
+-- The descendants a failed or cancelled job's transaction cancelled with it (their
+-- finalized_at is that transaction's now()), for their Cancelled hooks.
+WITH RECURSIVE below AS (
+    SELECT d.child_id FROM awa.job_dependencies AS d WHERE d.parent_id = %(id)s
+    UNION
+    SELECT d.child_id FROM awa.job_dependencies AS d JOIN below AS b ON d.parent_id = b.child_id
+)
+SELECT j.* FROM awa.jobs AS j JOIN below AS b ON b.child_id = j.id
+WHERE j.state = 'cancelled' AND j.finalized_at = %(finalized_at)s
+ORDER BY j.id
