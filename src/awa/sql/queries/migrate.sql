@@ -7,12 +7,22 @@
 SELECT pg_advisory_xact_lock(4706293308302496340)
 
 -- name: migrate_bootstrap
-CREATE SCHEMA IF NOT EXISTS awa;
-CREATE TABLE IF NOT EXISTS awa.schema_migrations (
-    version integer PRIMARY KEY,
-    name text NOT NULL,
-    applied_at timestamptz NOT NULL DEFAULT now()
-);
+-- Created only when missing: CREATE ... IF NOT EXISTS checks the CREATE privilege even when
+-- the object exists, and a role without it (a worker's) may run a migrate with nothing to do.
+DO $$
+BEGIN
+    IF to_regnamespace('awa') IS NULL THEN
+        CREATE SCHEMA awa;
+    END IF;
+    IF to_regclass('awa.schema_migrations') IS NULL THEN
+        CREATE TABLE awa.schema_migrations (
+            version integer PRIMARY KEY,
+            name text NOT NULL,
+            applied_at timestamptz NOT NULL DEFAULT now()
+        );
+    END IF;
+END
+$$
 
 -- name: migrate_applied_versions
 SELECT version FROM awa.schema_migrations ORDER BY version
