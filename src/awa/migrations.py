@@ -63,7 +63,7 @@ def migration_script() -> str:
         f"-- awa schema, migrations 1 to {current_version()}",
         "BEGIN;",
         query("migrate_lock") + ";",
-        query("migrate_bootstrap"),
+        query("migrate_bootstrap") + ";",
     ]
     for migration in migrations():
         parts.append(f"-- migration {migration.version:04d}_{migration.name}")
