@@ -24,31 +24,37 @@ def has_dependencies(jobs: Sequence[PreparedJob]) -> bool:
     return any(job.depends_on for job in jobs)
 
 
-def _state(rows: list[dict[str, Any]]) -> str:
-    return str(rows[0]["state"])
+def _states(rows: list[dict[str, Any]]) -> dict[int, str]:
+    return {int(row["child_id"]): str(row["state"]) for row in rows}
 
 
-def _row(rows: list[dict[str, Any]]) -> JobRow:
-    return JobRow.from_record(rows[0])
+def _rows(rows: list[dict[str, Any]]) -> list[JobRow]:
+    return [JobRow.from_record(row) for row in rows]
 
 
 def dependencies_flow(rows: list[JobRow], jobs: Sequence[PreparedJob]) -> Flow[list[JobRow]]:
-    """Record the edges of the jobs just inserted (``rows``, in the order of ``jobs``) and
-    return the rows as their parents left them. Run it in the inserts' transaction."""
-    result = []
+    """Record the edges of the jobs just inserted (``rows``, in the order of ``jobs``) in one
+    statement and return the rows as their parents left them. Run it in the inserts'
+    transaction."""
+    children: list[int] = []
+    parents: list[int] = []
+    policies: list[str] = []
     for row, job in zip(rows, jobs, strict=True):
-        if job.depends_on:
-            params = {
-                "child": row.id,
-                "parents": list(job.depends_on),
-                "policy": job.dependency_policy,
-            }
-            # A parent that does not exist raises ValidationError naming it.
-            state = yield Statement(query("add_dependencies"), params, _state)
-            if state != row.state.value:
-                row = yield Statement(query("get_job"), {"id": row.id}, _row)
-        result.append(row)
-    return result
+        for parent in job.depends_on or ():
+            children.append(row.id)
+            parents.append(parent)
+            policies.append(job.dependency_policy)
+    if not children:
+        return rows
+    params = {"children": children, "parents": parents, "policies": policies}
+    # A parent that does not exist raises ValidationError naming it.
+    states = yield Statement(query("add_dependencies"), params, _states)
+    changed = [row.id for row in rows if row.id in states and states[row.id] != row.state.value]
+    if not changed:
+        return rows
+    fresh = yield Statement(query("jobs_by_ids"), {"ids": changed}, _rows)
+    by_id = {row.id: row for row in fresh}
+    return [by_id.get(row.id, row) for row in rows]
 
 
 def blocked(row: JobRow) -> bool:

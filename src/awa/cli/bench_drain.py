@@ -19,7 +19,7 @@
   inserted outside any trace, so their attempts start no spans (``awa.tracing``).
 - ``drain-otel-traced``: the same with every job inserted inside a span: each attempt is
   a span of that trace.
-- ``drain-chain``: the jobs form 64 chains (each job depends on the one before it in its
+- ``drain-chain``: the jobs form 1,000 chains (each job depends on the one before it in its
   chain): every completion releases the next job, in its transaction.
 - ``drain-fan-in``: the jobs form batches of 100 members and one fan-in job each
   (``insert_batch``): the last member's completion releases its fan-in job.
@@ -58,7 +58,7 @@ DRAIN_VARIANTS = (
     "drain-chain",
     "drain-fan-in",
 )
-CHAINS = 64
+CHAINS = 1000
 BATCH = 100
 FOLLOW_UP_QUEUE = "bench-followups"  # nobody works it: follow-ups stay put
 QUEUE = "default"

@@ -23,13 +23,13 @@ from awa.errors import AwaError, DatabaseError
 from awa.insert import InsertRules
 from awa.job import Job
 from awa.kinds import decoder_for
-from awa.lifecycle.events import Cancelled, Completed, JobEvent, Started
+from awa.lifecycle.events import Completed, JobEvent, Started
 from awa.lifecycle.followups import (
     FollowUpError,
     FollowUpRegistry,
 )
 from awa.lifecycle.hooks import HookDispatcher
-from awa.model import JobRow, JobState
+from awa.model import JobState
 from awa.observability import metrics
 from awa.observability.health import RuntimeHealth
 from awa.observability.queue_samples import keep_queue_samples
@@ -38,6 +38,7 @@ from awa.worker import limits, results
 from awa.worker.attempts import InFlight
 from awa.worker.completer import CLOSE_TIMEOUT, CompletionBatcher, Done, completed_row
 from awa.worker.config import QueueConfig, RuntimeConfig
+from awa.worker.dependents import fire_cancelled_dependents, may_have_cancelled_dependents
 from awa.worker.dispatcher import QueueDispatcher
 from awa.worker.duties import leader_duties
 from awa.worker.executor import run_attempt
@@ -508,23 +509,9 @@ class Runtime:
             self.completed += 1
         if committed.event is not None:
             self._hooks.dispatch(committed.event)
-        row = committed.row
-        if row.has_dependents and row.state in (JobState.FAILED, JobState.CANCELLED):
-            self._later(self._dependents_cancelled(row))
-
-    async def _dependents_cancelled(self, parent: JobRow) -> None:
-        """Fire Cancelled for the dependents the parent's outcome cancelled with it."""
-        params = {"id": parent.id, "finalized_at": parent.finalized_at}
-        statement = Statement(query("dependents_cancelled_with"), params, _job_rows)
-        try:
-            async with self._host.connection() as conn:
-                rows = await run_async(conn, statement)
-        except AwaError as error:
-            log.warning("job %s: its cancelled dependents' hooks are lost: %s", parent.id, error)
-            return
-        for row in rows:
-            reason = row.errors[-1].get("error", "") if row.errors else ""
-            self._hooks.dispatch(Cancelled(row, row.args, str(reason)))
+        if may_have_cancelled_dependents(committed.row):
+            connection = self._host.connection
+            self._later(fire_cancelled_dependents(connection, self._hooks, committed.row))
 
     async def _commit(
         self,
@@ -659,7 +646,3 @@ class Runtime:
             }
             for name, dispatcher in self._dispatchers.items()
         }
-
-
-def _job_rows(rows: list[dict[str, Any]]) -> list[JobRow]:
-    return [JobRow.from_record(row) for row in rows]

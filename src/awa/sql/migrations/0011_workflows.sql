@@ -106,79 +106,109 @@ CREATE TABLE awa.job_dependencies (
 
 CREATE INDEX job_dependencies_parent_idx ON awa.job_dependencies (parent_id);
 
+-- Edges are inserted and resolved in bulk: keep their statistics fresh, as for awa.jobs.
+ALTER TABLE awa.job_dependencies SET (
+    autovacuum_vacuum_scale_factor = 0.02,
+    autovacuum_analyze_scale_factor = 0.02
+);
+
 -- Settle blocked children whose parents' edges changed: lock them in id order (two
 -- transactions settling the same children wait for each other instead of deadlocking, and
--- the later one sees the earlier one's resolutions), then cancel each child that a 'cancel'
--- edge resolved as failed or cancelled, and release each child with no unresolved edge.
--- Returns the ids of the children whose state it changed.
+-- the later one sees the earlier one's resolutions), then, in one statement for all of them,
+-- cancel each child that a 'cancel' edge resolved as failed or cancelled (naming the first
+-- such parent) and release each child with no unresolved edge (a batch's fan-in job also
+-- receives its members' outcomes). Returns the ids of the children whose state it changed.
 CREATE FUNCTION awa.settle_children(p_children bigint[]) RETURNS SETOF bigint
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
+AS $$
 DECLARE
-    child record;
-    blocker record;
+    locked bigint[];
 BEGIN
-    FOR child IN
+    SELECT array_agg(l.id) INTO locked FROM (
         SELECT j.id FROM awa.jobs AS j
         WHERE j.id = ANY(p_children) AND j.state::text = 'blocked'
         ORDER BY j.id
         FOR UPDATE
-    LOOP
-        SELECT d.parent_id, d.resolved, p.kind INTO blocker
+    ) AS l;
+    IF locked IS NULL THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH blockers AS (
+        SELECT DISTINCT ON (d.child_id) d.child_id, d.parent_id, d.resolved, p.kind
         FROM awa.job_dependencies AS d LEFT JOIN awa.jobs AS p ON p.id = d.parent_id
-        WHERE d.child_id = child.id AND d.policy = 'cancel'
+        WHERE d.child_id = ANY(locked) AND d.policy = 'cancel'
           AND d.resolved IN ('failed', 'cancelled')
-        ORDER BY d.parent_id
-        LIMIT 1;
-        IF FOUND THEN
-            UPDATE awa.jobs
-            SET state = 'cancelled', finalized_at = now(),
-                errors = errors || jsonb_build_array(jsonb_build_object(
-                    'error', format('cancelled: dependency %s (%s) ended %s',
-                                    blocker.parent_id, coalesce(blocker.kind, 'deleted'),
-                                    blocker.resolved),
-                    'attempt', attempt, 'at', now()))
-            WHERE id = child.id;
-            RETURN NEXT child.id;
-        ELSIF NOT EXISTS (SELECT 1 FROM awa.job_dependencies AS d
-                          WHERE d.child_id = child.id AND d.resolved IS NULL) THEN
-            -- A batch's fan-in job also receives its members' outcomes.
-            UPDATE awa.jobs AS j
-            SET state = CASE WHEN j.run_at <= now() THEN 'available' ELSE 'scheduled' END
-                        ::awa.job_state,
-                metadata = CASE WHEN j.metadata ? 'awa:fan_in' THEN j.metadata || jsonb_build_object(
-                    'awa:batch', (
-                        SELECT jsonb_build_object(
-                            'counts', jsonb_object_agg(s.resolved, s.n),
-                            'ids', jsonb_object_agg(s.resolved, s.ids))
-                        FROM (SELECT d.resolved, count(*) AS n,
-                                     jsonb_agg(d.parent_id ORDER BY d.parent_id) AS ids
-                              FROM awa.job_dependencies AS d
-                              WHERE d.child_id = j.id
-                              GROUP BY d.resolved) AS s))
-                    ELSE j.metadata END
-            WHERE j.id = child.id;
-            PERFORM pg_notify('awa_jobs', j.queue) FROM awa.jobs AS j
-            WHERE j.id = child.id AND j.state::text = 'available';
-            RETURN NEXT child.id;
-        END IF;
-    END LOOP;
+        ORDER BY d.child_id, d.parent_id
+    ), cancelled AS (
+        UPDATE awa.jobs AS j
+        SET state = 'cancelled', finalized_at = now(),
+            errors = j.errors || jsonb_build_array(jsonb_build_object(
+                'error', format('cancelled: dependency %s (%s) ended %s',
+                                b.parent_id, coalesce(b.kind, 'deleted'), b.resolved),
+                'attempt', j.attempt, 'at', now()))
+        FROM blockers AS b
+        WHERE j.id = b.child_id
+        RETURNING j.id
+    ), ready AS (
+        SELECT c.id FROM unnest(locked) AS c(id)
+        WHERE NOT EXISTS (SELECT 1 FROM blockers AS b WHERE b.child_id = c.id)
+          AND NOT EXISTS (SELECT 1 FROM awa.job_dependencies AS d
+                          WHERE d.child_id = c.id AND d.resolved IS NULL)
+    ), released AS (
+        UPDATE awa.jobs AS j
+        SET state = CASE WHEN j.run_at <= now() THEN 'available' ELSE 'scheduled' END
+                    ::awa.job_state,
+            metadata = CASE WHEN j.metadata ? 'awa:fan_in' THEN j.metadata || jsonb_build_object(
+                'awa:batch', (
+                    SELECT jsonb_build_object(
+                        'counts', jsonb_object_agg(s.resolved, s.n),
+                        'ids', jsonb_object_agg(s.resolved, s.ids))
+                    FROM (SELECT d.resolved, count(*) AS n,
+                                 jsonb_agg(d.parent_id ORDER BY d.parent_id) AS ids
+                          FROM awa.job_dependencies AS d
+                          WHERE d.child_id = j.id
+                          GROUP BY d.resolved) AS s))
+                ELSE j.metadata END
+        FROM ready AS r
+        WHERE j.id = r.id
+        RETURNING j.id, j.queue, j.state::text AS state
+    ), notified AS (
+        SELECT count(pg_notify('awa_jobs', q.queue)) AS n
+        FROM (SELECT DISTINCT queue FROM released WHERE state = 'available') AS q
+    )
+    SELECT c.id FROM cancelled AS c
+    UNION ALL
+    SELECT r.id FROM released AS r CROSS JOIN notified;
 END
 $$;
 
 -- Resolve the edges that these parents' final states settle (a failure does not settle a
 -- 'wait' edge: that child waits for the parent to be retried, or for an operator), then
--- settle their children.
+-- settle the children whose edges changed.
 CREATE FUNCTION awa.settle_dependents(p_parents bigint[]) RETURNS SETOF bigint
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- Index lookups whatever the statistics say: edges inserted by one big batch have none until
+-- autovacuum analyzes the table, and a plan that scans it would be paid by every completion.
+SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
+AS $$
+DECLARE
+    changed bigint[];
 BEGIN
-    UPDATE awa.job_dependencies AS d
-    SET resolved = p.state::text
-    FROM awa.jobs AS p
-    WHERE p.id = ANY(p_parents) AND d.parent_id = p.id AND d.resolved IS NULL
-      AND p.state::text IN ('completed', 'failed', 'cancelled')
-      AND (p.state::text = 'completed' OR d.policy <> 'wait');
-    RETURN QUERY SELECT awa.settle_children(array_agg(DISTINCT d.child_id))
-    FROM awa.job_dependencies AS d WHERE d.parent_id = ANY(p_parents);
+    WITH resolved AS (
+        UPDATE awa.job_dependencies AS d
+        SET resolved = p.state::text
+        FROM awa.jobs AS p
+        WHERE p.id = ANY(p_parents) AND d.parent_id = p.id AND d.resolved IS NULL
+          AND p.state::text IN ('completed', 'failed', 'cancelled')
+          AND (p.state::text = 'completed' OR d.policy <> 'wait')
+        RETURNING d.child_id
+    )
+    SELECT array_agg(DISTINCT child_id) INTO changed FROM resolved;
+    IF changed IS NOT NULL THEN
+        RETURN QUERY SELECT awa.settle_children(changed);
+    END IF;
 END
 $$;
 
@@ -212,7 +242,9 @@ CREATE TRIGGER jobs_note_finished
 -- edges count as cancelled (a 'wait' edge keeps waiting, for an operator). Its children are
 -- settled once the statement is done.
 CREATE FUNCTION awa.note_deleted_parent() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET enable_seqscan = off
+AS $$
 DECLARE
     children text;
 BEGIN
@@ -296,36 +328,43 @@ CREATE TRIGGER jobs_settle_after_delete
     FOR EACH STATEMENT
     EXECUTE FUNCTION awa.settle_noted();
 
--- Add edges from a child (inserted in this transaction) to its parents, and put it in the
--- state they call for: blocked while a parent is unfinished, cancelled at once when a parent
--- already failed under policy 'cancel', untouched (available or scheduled) when every parent
--- is done. Missing parents raise an error naming them. Parents are locked while flagged, so a
--- parent finishing concurrently either sees the edge or is seen finished here.
-CREATE FUNCTION awa.add_dependencies(p_child bigint, p_parents bigint[], p_policy text)
-RETURNS text
-LANGUAGE plpgsql AS $$
+-- Add edges from children (inserted in this transaction) to their parents, given as
+-- parallel arrays (one element per edge), and put each child in the state its parents call
+-- for: blocked while a parent is unfinished, cancelled at once when a parent already failed
+-- under policy 'cancel', left as inserted (available or scheduled) when every parent is done.
+-- Missing parents raise an error naming them. Parents are locked while flagged, so a parent
+-- finishing concurrently either sees the edge or is seen finished here. Returns each
+-- child's state.
+CREATE FUNCTION awa.add_dependencies(
+    p_children bigint[], p_parents bigint[], p_policies text[]
+) RETURNS TABLE (child_id bigint, state text)
+LANGUAGE plpgsql
+SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
+AS $$
 DECLARE
     missing bigint[];
+    children bigint[];
 BEGIN
-    UPDATE awa.jobs SET has_dependents = true
-    WHERE id = ANY(p_parents) AND NOT has_dependents;
-    SELECT array_agg(wanted) INTO missing
+    UPDATE awa.jobs AS j SET has_dependents = true
+    WHERE j.id = ANY(p_parents) AND NOT j.has_dependents;
+    SELECT array_agg(DISTINCT wanted) INTO missing
     FROM unnest(p_parents) AS wanted
-    WHERE NOT EXISTS (SELECT 1 FROM awa.jobs WHERE id = wanted);
+    WHERE NOT EXISTS (SELECT 1 FROM awa.jobs AS j WHERE j.id = wanted);
     IF missing IS NOT NULL THEN
         RAISE EXCEPTION 'depends_on names jobs that do not exist: %', missing
             USING ERRCODE = 'foreign_key_violation';
     END IF;
-    INSERT INTO awa.job_dependencies (child_id, parent_id, policy, resolved)
-    SELECT p_child, p.id, p_policy,
+    INSERT INTO awa.job_dependencies AS d (child_id, parent_id, policy, resolved)
+    SELECT e.child_id, e.parent_id, e.policy,
            CASE WHEN p.state::text = 'completed'
-                  OR (p.state::text IN ('failed', 'cancelled') AND p_policy <> 'wait')
+                  OR (p.state::text IN ('failed', 'cancelled') AND e.policy <> 'wait')
                 THEN p.state::text END
-    FROM awa.jobs AS p
-    WHERE p.id = ANY(p_parents)
+    FROM unnest(p_children, p_parents, p_policies) AS e(child_id, parent_id, policy)
+    JOIN awa.jobs AS p ON p.id = e.parent_id
     ON CONFLICT DO NOTHING;
-    UPDATE awa.jobs SET state = 'blocked' WHERE id = p_child;
-    PERFORM awa.settle_children(ARRAY[p_child]);
-    RETURN (SELECT state::text FROM awa.jobs WHERE id = p_child);
+    SELECT array_agg(DISTINCT c) INTO children FROM unnest(p_children) AS c;
+    UPDATE awa.jobs AS j SET state = 'blocked' WHERE j.id = ANY(children);
+    PERFORM awa.settle_children(children);
+    RETURN QUERY SELECT j.id, j.state::text FROM awa.jobs AS j WHERE j.id = ANY(children);
 END
 $$;

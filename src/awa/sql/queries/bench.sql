@@ -21,7 +21,7 @@ DROP DATABASE IF EXISTS {database} WITH (FORCE)
 TRUNCATE awa.jobs, awa.queues, awa.queue_limits, awa.job_dependencies
 
 -- name: bench_vacuum
-VACUUM ANALYZE awa.jobs
+VACUUM ANALYZE awa.jobs, awa.job_dependencies
 
 -- name: bench_commits
 SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()

@@ -2,8 +2,10 @@
 -- that settle dependents when their parents finish).
 
 -- name: add_dependencies
--- Edges from a just-inserted job to its parents; returns the state they put it in.
-SELECT awa.add_dependencies(%(child)s, %(parents)s::bigint[], %(policy)s) AS state
+-- Edges from just-inserted jobs to their parents (one array element per edge); returns the
+-- state they put each child in.
+SELECT child_id, state
+FROM awa.add_dependencies(%(children)s::bigint[], %(parents)s::bigint[], %(policies)s::text[])
 
 -- name: set_workflow
 -- Record the workflow (or batch) of freshly inserted jobs, with the fan-in job's marker.
@@ -66,3 +68,6 @@ WITH RECURSIVE below AS (
 SELECT j.* FROM awa.jobs AS j JOIN below AS b ON b.child_id = j.id
 WHERE j.state = 'cancelled' AND j.finalized_at = %(finalized_at)s
 ORDER BY j.id
+
+-- name: jobs_by_ids
+SELECT * FROM awa.jobs WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id
