@@ -10,18 +10,16 @@ trigger has exactly one follow-up and no follow-up exists without its completed 
 
 from __future__ import annotations
 
-import os
 import random
-import select
-import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 import awa
+from helpers_procs import kill
+from helpers_procs import start_worker as start_process
 from jobs_helpers import Conn
 
 WORKER = Path(__file__).resolve().parent / "procs" / "followup_worker.py"
@@ -33,34 +31,7 @@ FOLLOW_UP_KIND = "crash_follow_up"
 
 
 def start_worker(database_url: str) -> subprocess.Popen[str]:
-    """Start the worker process and wait (with a deadline) until it says it is ready."""
-    process = subprocess.Popen(
-        [sys.executable, str(WORKER)],
-        env={**os.environ, "DATABASE_URL": database_url},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    assert process.stdout is not None
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        readable, _, _ = select.select([process.stdout], [], [], 0.1)
-        if readable:
-            line = process.stdout.readline()
-            if line.strip() == "ready":
-                return process
-            if not line:
-                break
-    process.kill()
-    process.wait(10)
-    raise AssertionError(f"the worker did not start (exit code {process.returncode})")
-
-
-def kill(process: subprocess.Popen[str]) -> None:
-    process.send_signal(signal.SIGKILL)
-    process.wait(10)
-    assert process.stdout is not None
-    process.stdout.close()
+    return start_process(WORKER, database_url)
 
 
 def reset_stranded(conn: Conn) -> int:

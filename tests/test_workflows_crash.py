@@ -5,18 +5,16 @@ release commits with the last member's outcome or not at all (migration 11's tri
 from __future__ import annotations
 
 import json
-import os
 import random
-import select
-import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 import awa
+from helpers_procs import kill
+from helpers_procs import start_worker as start_process
 from jobs_helpers import Conn
 
 WORKER = Path(__file__).resolve().parent / "procs" / "batch_worker.py"
@@ -24,33 +22,7 @@ MEMBERS = 1000
 
 
 def start_worker(database_url: str) -> subprocess.Popen[str]:
-    process = subprocess.Popen(
-        [sys.executable, str(WORKER)],
-        env={**os.environ, "DATABASE_URL": database_url},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    assert process.stdout is not None
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        readable, _, _ = select.select([process.stdout], [], [], 0.1)
-        if readable:
-            line = process.stdout.readline()
-            if line.strip() == "ready":
-                return process
-            if not line:
-                break
-    process.kill()
-    process.wait(10)
-    raise AssertionError(f"the worker did not start (exit code {process.returncode})")
-
-
-def kill(process: subprocess.Popen[str]) -> None:
-    process.send_signal(signal.SIGKILL)
-    process.wait(10)
-    assert process.stdout is not None
-    process.stdout.close()
+    return start_process(WORKER, database_url)
 
 
 @pytest.mark.slow

@@ -151,26 +151,27 @@ def jobs_of(variant: str, jobs: int) -> list[Any]:
     return [Noop(n) for n in range(jobs)]
 
 
-async def _insert_workflows(client: awa.AsyncClient, variant: str, jobs: int) -> int:
-    """Insert the ``jobs`` jobs of ``variant`` as chains or batches."""
-    if variant == "drain-fan-in":
-        remaining, n = jobs, 0
-        while remaining > 1:
-            size = min(BATCH, remaining - 1)
-            await client.insert_batch([Noop(n + k) for k in range(size)], on_complete=Noop(-1))
-            remaining -= size + 1
-            n += size
-        if remaining:
-            await client.insert(Noop(n))
-        return jobs
-    chains = min(CHAINS, jobs)
-    for chain in range(chains):
-        workflow = awa.Workflow(f"chain-{chain}")
-        steps: list[awa.Step] = []
-        for n in range(chain, jobs, chains):  # chain sizes differ by one at most
-            steps.append(workflow.add(Noop(n), depends_on=steps[-1:]))
-        await client.insert_workflow(workflow)
-    return jobs
+async def _insert_workflows(client: awa.AsyncClient, variant: str, jobs: int) -> None:
+    """Insert the ``jobs`` jobs of ``variant`` as chains or batches, in one transaction (its
+    commit must not count among the drain's)."""
+    async with client.transaction() as tx:
+        if variant == "drain-fan-in":
+            remaining, n = jobs, 0
+            while remaining > 1:
+                size = min(BATCH, remaining - 1)
+                await tx.insert_batch([Noop(n + k) for k in range(size)], on_complete=Noop(-1))
+                remaining -= size + 1
+                n += size
+            if remaining:
+                await tx.insert(Noop(n))
+            return
+        chains = min(CHAINS, jobs)
+        for chain in range(chains):
+            workflow = awa.Workflow(f"chain-{chain}")
+            steps: list[awa.Step] = []
+            for n in range(chain, jobs, chains):  # chain sizes differ by one at most
+                steps.append(workflow.add(Noop(n), depends_on=steps[-1:]))
+            await tx.insert_workflow(workflow)
 
 
 async def _wait_until_done(
