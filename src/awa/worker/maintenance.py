@@ -185,13 +185,32 @@ def vacuum_duty(interval: float, threshold: int) -> Duty:
     dead rows faster than autovacuum (which visits a database once a minute by default)
     reclaims them, and claims slow down as they pile up."""
 
+    skipped: list[str] = []
+
+    def on_notice(notice: psycopg.errors.Diagnostic) -> None:
+        # A role that neither owns awa.jobs nor may maintain it gets a warning, not an error.
+        if notice.message_primary and "skipping" in notice.message_primary:
+            skipped.append(notice.message_primary)
+
     async def vacuum(conn: psycopg.AsyncConnection[Any]) -> None:
+        if skipped:
+            return  # not this role's to vacuum: autovacuum does it
         async with conn.cursor(row_factory=dict_row) as cursor:
             await cursor.execute(query("jobs_dead_tuples"))
             row = await cursor.fetchone()
         if row is not None and row["dead"] is not None and row["dead"] > threshold:
-            await conn.execute(query("vacuum_jobs"))
-            log.debug("vacuumed awa.jobs (%s dead rows)", row["dead"])
+            conn.add_notice_handler(on_notice)
+            try:
+                await conn.execute(query("vacuum_jobs"))
+            finally:
+                conn.remove_notice_handler(on_notice)
+            if skipped:
+                log.info(
+                    "not vacuuming awa.jobs (%s); autovacuum reclaims its dead rows",
+                    skipped[0],
+                )
+            else:
+                log.debug("vacuumed awa.jobs (%s dead rows)", row["dead"])
 
     return Duty("vacuum", interval, vacuum)
 
