@@ -68,7 +68,7 @@ from awa.worker import reference_options
 from awa.worker.config import RetryPolicy
 from awa.worker.cron import store_schedules
 from awa.worker.descriptors import store_descriptors
-from awa.worker.limits import store_limits, store_retention
+from awa.worker.limits import store_dlq_settings, store_limits, store_retention
 from awa.worker.registry import TaskRegistry
 from awa.workflow_methods import AsyncWorkflowMethods
 
@@ -393,6 +393,7 @@ class AsyncClient(
             await store_schedules(conn, self._periodic.values(), self._insert_rules)
             await store_limits(conn, configs)
             await store_retention(conn, configs)
+            await store_dlq_settings(conn, configs, config.dlq_enabled)
         runtime = Runtime(
             self,
             self._tasks,

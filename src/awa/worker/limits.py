@@ -19,6 +19,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import tuple_row
 
+from awa.db import run_async
+from awa.dlq import store_settings_statement
 from awa.sql import query
 from awa.worker.config import QueueConfig
 from awa.worker.maintenance import Duty
@@ -74,6 +76,24 @@ async def claim(conn: psycopg.AsyncConnection[Any], queue: QueueConfig, limit: i
         else:
             jobs.append(row[:_RETRY_AFTER])
     return Claimed(jobs, retry_after)
+
+
+async def store_dlq_settings(
+    conn: psycopg.AsyncConnection[Any], queues: Iterable[QueueConfig], default: bool
+) -> None:
+    """Record whether each queue moves jobs that fail for good to the dead-letter queue: the
+    trigger that moves them reads it, whichever process fails the job (a rescue by the
+    leader, a callback answered elsewhere)."""
+    enabled = {
+        queue.name: default if queue.dlq_enabled is None else queue.dlq_enabled for queue in queues
+    }
+    for name, was in await run_async(conn, store_settings_statement(enabled)):
+        log.info(
+            "queue %s: dead-letter queue turned %s (was %s)",
+            name,
+            "on" if enabled[name] else "off",
+            "on" if was else "off",
+        )
 
 
 async def store_retention(

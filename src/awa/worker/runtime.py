@@ -18,7 +18,6 @@ from typing import Any, Protocol, TypeVar, cast
 import psycopg
 
 from awa.db import Statement, run_async, translate_errors
-from awa.dlq import store_settings_statement
 from awa.errors import AwaError, DatabaseError
 from awa.insert import InsertRules
 from awa.job import Job
@@ -217,7 +216,6 @@ class Runtime:
     async def start(self) -> None:
         url = await self._host.database_url()
         quiet_pool_reconnect_errors("awa")
-        await self._store_dlq_settings()
         self._build_decoders()
         self._completer.start()
         self._listener = Listener(
@@ -265,22 +263,6 @@ class Runtime:
             name="awa-queue-samples",
         )
         log.info("worker started on queues %s", ", ".join(self._dispatchers))
-
-    async def _store_dlq_settings(self) -> None:
-        """Record whether each queue run here moves jobs that fail for good to the
-        dead-letter queue: the trigger that moves them reads it, whichever process fails
-        the job (a rescue by the leader, a callback answered elsewhere)."""
-        enabled = {
-            queue.name: self.config.dlq_enabled if queue.dlq_enabled is None else queue.dlq_enabled
-            for queue in self.queues
-        }
-        for name, was in await self.execute(store_settings_statement(enabled)):
-            log.info(
-                "queue %s: dead-letter queue turned %s (was %s)",
-                name,
-                "on" if enabled[name] else "off",
-                "on" if was else "off",
-            )
 
     def _build_decoders(self) -> None:
         """Build each handler's args decoder now rather than at its first job, which would
