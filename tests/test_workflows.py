@@ -335,3 +335,21 @@ async def test_admin_and_maintenance_handle_blocked_jobs(
     assert row["state"] == "cancelled"
     assert row["errors"][-1]["error"] == f"cancelled: dependency {p2.id} (deleted) ended cancelled"
     assert job_row(conn, p2.id) is None
+
+
+async def test_a_callback_failed_through_the_client_fires_its_dependents_cancelled_hooks(
+    client: awa.AsyncClient, conn: Conn
+) -> None:
+    cancelled: list[int] = []
+    client.on_event(
+        Step,
+        lambda event: cancelled.append(event.job.id) if isinstance(event, awa.Cancelled) else None,
+    )
+    parent = await client.insert(Step("parked"), queue="nobody")
+    child = await client.insert(Step("after"), depends_on=[parent], queue="nobody")
+    callback_id = "1b4e28ba-2fa1-11d2-883f-0016d3cca427"
+    set_state(conn, parent.id, "waiting_external", callback_id=callback_id, attempt=1)
+    failed = await client.fail_external(callback_id, "the provider said no")
+    assert failed.state is awa.JobState.FAILED
+    assert must_job_row(conn, child.id)["state"] == "cancelled"
+    await wait_for(lambda: cancelled == [child.id], message=lambda: f"{cancelled}")

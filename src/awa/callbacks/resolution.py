@@ -17,6 +17,7 @@ import psycopg
 
 from awa import callbacks, tracing
 from awa.db import Flow, drive_async
+from awa.lifecycle.dependents import fire_cancelled_dependents, may_have_cancelled_dependents
 from awa.lifecycle.events import Completed, Exhausted, JobEvent, Retried
 from awa.lifecycle.followups import FollowUpRegistry, Trigger, TriggerContext, insert_follow_ups
 from awa.lifecycle.hooks import HookDispatcher
@@ -75,6 +76,8 @@ class CallbackResolution:
                         await insert_follow_ups(conn, specs, effect.row, effect.context, rules)
         if effect is not None:
             await self.hook_dispatcher.dispatch_and_wait(effect.event)
+            if may_have_cancelled_dependents(effect.row):
+                await fire_cancelled_dependents(self.connection, self.hook_dispatcher, effect.row)
         return result
 
     async def complete_external(

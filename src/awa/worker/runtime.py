@@ -22,6 +22,7 @@ from awa.errors import AwaError, DatabaseError
 from awa.insert import InsertRules
 from awa.job import Job
 from awa.kinds import decoder_for
+from awa.lifecycle.dependents import fire_cancelled_dependents, may_have_cancelled_dependents
 from awa.lifecycle.events import Completed, JobEvent, Started
 from awa.lifecycle.followups import (
     FollowUpError,
@@ -37,7 +38,6 @@ from awa.worker import limits, results
 from awa.worker.attempts import InFlight
 from awa.worker.completer import CLOSE_TIMEOUT, CompletionBatcher, Done, completed_row
 from awa.worker.config import QueueConfig, RuntimeConfig
-from awa.worker.dependents import fire_cancelled_dependents, may_have_cancelled_dependents
 from awa.worker.dispatcher import QueueDispatcher
 from awa.worker.duties import leader_duties
 from awa.worker.executor import run_attempt

@@ -1,8 +1,9 @@
 """The Cancelled hooks of dependents that a failed or cancelled job took down with it.
 
 The database cancels them in the transaction of the parent's outcome (migration 11's
-triggers); the worker that committed that outcome reads them back afterwards (their
-finalized_at is that transaction's now()) and fires their hooks, as for its own outcomes.
+triggers); the worker (or the client resolving a callback) that committed that outcome reads
+them back afterwards (their finalized_at is that transaction's now()) and fires their hooks,
+as for its own outcomes.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from awa.lifecycle.hooks import HookDispatcher
 from awa.model import JobRow, JobState
 from awa.sql import query
 
-log = logging.getLogger("awa.worker")
+log = logging.getLogger("awa.hooks")
 
 
 def may_have_cancelled_dependents(row: JobRow) -> bool:
