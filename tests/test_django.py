@@ -27,7 +27,7 @@ import pytest
 
 from awa.contrib.django import KIND, awa_priority
 from awa.sql import current_version
-from helpers_worker import wait_for_state
+from helpers_worker import wait_for, wait_for_state
 from jobs_helpers import Conn, must_job_row
 
 TESTS = Path(__file__).parent
@@ -332,14 +332,20 @@ async def test_jobs_in_a_database_of_their_own(database_url: str, conn: Conn) ->
     assert job_count(conn) == 1
 
 
-async def test_sigterm_lets_the_running_task_finish(database_url: str, conn: Conn) -> None:
-    env = django_env(database_url)
+async def test_sigterm_lets_the_running_task_finish(
+    database_url: str, conn: Conn, tmp_path: Path
+) -> None:
+    release = tmp_path / "release"
+    env = {**django_env(database_url), "AWA_TEST_RELEASE": str(release)}
     running = Worker(env, ("--queue", "default=2", "--log-level", "info"))
     try:
         assert running.queues == "default"
-        job_id = int(scenario("slow", env)["id"])
+        job_id = int(scenario("hold", env)["id"])
         await wait_for_state(conn, job_id, "running", timeout=30)
         running.proc.send_signal(signal.SIGTERM)
+        await wait_for(lambda: "shutting down gracefully" in running.log(), 30)
+        assert running.proc.poll() is None  # waiting for the task, which still runs
+        release.touch()
         assert running.proc.wait(timeout=TIMEOUT) == 0, running.log()
         assert "SIGTERM received: shutting down gracefully" in running.log()
     finally:

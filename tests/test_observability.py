@@ -139,7 +139,7 @@ async def test_scrape_after_a_drain_agrees_with_the_database(
         for args in (app.Doomed(1), app.Sleepy(1), app.Dropped(1), app.Parker(1)):
             await client.insert(args, queue="obs")
         await client.insert(app.Broken(1), queue="obs", max_attempts=1)
-        slow = await client.insert(app.Slow(1.0), queue="obs")
+        slow = await client.insert(app.Slow(30.0), queue="obs")
     # An attempt of a worker that died: rescued by the leader, then run again.
     conn.execute(
         "INSERT INTO awa.jobs (kind, queue, args, state, attempt, run_lease, attempted_at,"

@@ -57,8 +57,15 @@ def test_one_fan_in_with_right_counts_across_sigkills(
                 kill(workers[victim])
                 kills += 1
                 workers[victim] = start_worker(database_url)
-        # Whatever still runs gets a moment to (wrongly) insert or run a second fan-in.
-        time.sleep(1.0)
+        # Until the batch is over (the fan-in job committed, no member left to run), so that
+        # a second release or a second run of the fan-in would show.
+        while conn.execute(
+            "SELECT count(*) FROM awa.jobs WHERE workflow_id = %s"
+            " AND state NOT IN ('completed', 'failed', 'cancelled')",
+            (batch.id,),
+        ).fetchone() != (0,):
+            assert time.monotonic() < deadline, "the batch never finished"
+            time.sleep(0.05)
     finally:
         for worker in workers:
             kill(worker)

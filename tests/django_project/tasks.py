@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 from django.db import connection
@@ -53,6 +54,11 @@ def not_json() -> object:
 
 
 @task
-def slow(seconds: float) -> str:
-    time.sleep(seconds)  # the task's own work, not the test waiting
+def hold(release: str) -> str:
+    """Run until the test creates the file ``release`` (within a minute)."""
+    deadline = time.monotonic() + 60
+    while not os.path.exists(release):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{release} never appeared")
+        time.sleep(0.01)
     return "done"

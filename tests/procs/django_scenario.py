@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -213,8 +214,8 @@ def separate_database() -> dict[str, Any]:
     return {"result": describe(finished(result))}
 
 
-def slow() -> dict[str, Any]:
-    return {"id": tasks.slow.enqueue(1.0).id}
+def hold() -> dict[str, Any]:
+    return {"id": tasks.hold.enqueue(os.environ["AWA_TEST_RELEASE"]).id}
 
 
 SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
@@ -225,7 +226,7 @@ SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
     "invalid": invalid,
     "bad_settings": bad_settings,
     "separate_database": separate_database,
-    "slow": slow,
+    "hold": hold,
 }
 
 if __name__ == "__main__":

@@ -127,10 +127,12 @@ client.on_completed_enqueue_with(Broken, _no_follow_up)
 
 @dataclasses.dataclass
 class Slow:
-    seconds: float
+    seconds: float  # how long it waits, at most, for an operator to cancel it
 
 
 @client.task(Slow, queue="obs")
 async def slow(job: awa.Job[Slow]) -> None:
-    # Cancelled by an operator meanwhile, it finishes anyway: its outcome is stale.
-    await asyncio.sleep(job.args.seconds)
+    # Runs until an operator cancels it, then finishes anyway: its outcome is stale.
+    deadline = asyncio.get_running_loop().time() + job.args.seconds
+    while not job.is_cancelled() and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.01)
