@@ -353,3 +353,12 @@ async def test_a_callback_failed_through_the_client_fires_its_dependents_cancell
     assert failed.state is awa.JobState.FAILED
     assert must_job_row(conn, child.id)["state"] == "cancelled"
     await wait_for(lambda: cancelled == [child.id], message=lambda: f"{cancelled}")
+
+
+async def test_wait_says_when_the_job_leaves_the_table(client: awa.AsyncClient, conn: Conn) -> None:
+    job = await client.insert(Step("doomed"), queue="nobody")
+    waiting = asyncio.create_task(client.wait(job.id, timeout=10))
+    await wait_for(lambda: must_job_row(conn, job.id)["watched"])
+    conn.execute("DELETE FROM awa.jobs WHERE id = %s", (job.id,))
+    with pytest.raises(awa.ValidationError, match=f"job {job.id} left awa.jobs"):
+        await waiting

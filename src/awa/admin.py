@@ -127,7 +127,7 @@ def _one_job(rows: list[dict[str, Any]]) -> JobRow | None:
 
 
 def _jobs(rows: list[dict[str, Any]]) -> list[JobRow]:
-    return [JobRow.from_record(row) for row in rows]
+    return JobRow.from_records(rows)
 
 
 def _count(rows: list[dict[str, Any]]) -> int:

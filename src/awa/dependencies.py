@@ -16,7 +16,7 @@ from typing import Any
 
 from awa.db import Flow, Statement
 from awa.insert import PreparedJob
-from awa.model import JobRow, JobState
+from awa.model import JobRow
 from awa.sql import query
 
 
@@ -26,10 +26,6 @@ def has_dependencies(jobs: Sequence[PreparedJob]) -> bool:
 
 def _states(rows: list[dict[str, Any]]) -> dict[int, str]:
     return {int(row["child_id"]): str(row["state"]) for row in rows}
-
-
-def _rows(rows: list[dict[str, Any]]) -> list[JobRow]:
-    return [JobRow.from_record(row) for row in rows]
 
 
 def dependencies_flow(rows: list[JobRow], jobs: Sequence[PreparedJob]) -> Flow[list[JobRow]]:
@@ -52,10 +48,6 @@ def dependencies_flow(rows: list[JobRow], jobs: Sequence[PreparedJob]) -> Flow[l
     changed = [row.id for row in rows if row.id in states and states[row.id] != row.state.value]
     if not changed:
         return rows
-    fresh = yield Statement(query("jobs_by_ids"), {"ids": changed}, _rows)
+    fresh = yield Statement(query("jobs_by_ids"), {"ids": changed}, JobRow.from_records)
     by_id = {row.id: row for row in fresh}
     return [by_id.get(row.id, row) for row in rows]
-
-
-def blocked(row: JobRow) -> bool:
-    return row.state is JobState.BLOCKED

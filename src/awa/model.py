@@ -526,6 +526,11 @@ class JobRow(MappingAccess):
         return cls(**values)
 
     @classmethod
+    def from_records(cls, records: Sequence[Mapping[str, Any]]) -> list[JobRow]:
+        """``from_record`` of each row (a Statement's decoder)."""
+        return [cls.from_record(record) for record in records]
+
+    @classmethod
     def from_values(cls, values: Sequence[Any]) -> JobRow:
         """Build from a row whose columns are in the order of this class's fields."""
         row = cls(*values)

@@ -38,27 +38,63 @@ class WaitTimeout(AwaError, TimeoutError):
     """``wait`` gave up before the job finished (the job is untouched)."""
 
 
-def _watch_statement(job_id: int) -> Statement[JobRow | None]:
-    if isinstance(job_id, bool) or not isinstance(job_id, int):
-        raise ValidationError(f"job id must be an integer, not {type(job_id).__name__}")
-    return Statement(
-        query("watch_job"),
-        {"id": job_id},
-        lambda rows: JobRow.from_record(rows[0]) if rows else None,
-    )
+class _Waiting:
+    """What ``wait_many`` waits for: the jobs not finished yet, the rows of those that are,
+    and the time left. The async and blocking clients drive it with their own LISTEN."""
 
+    def __init__(self, job_ids: Iterable[int], timeout: float | None) -> None:
+        self.ids = list(dict.fromkeys(job_ids))
+        if not self.ids:
+            raise ValidationError("wait_many() needs at least one job id")
+        for job_id in self.ids:
+            if isinstance(job_id, bool) or not isinstance(job_id, int):
+                raise ValidationError(f"job id must be an integer, not {type(job_id).__name__}")
+        if timeout is not None and (isinstance(timeout, bool) or timeout < 0):
+            raise ValidationError("timeout must be a number of seconds >= 0, or None")
+        self.timeout = timeout
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.pending = set(self.ids)
+        self.finished: dict[int, JobRow] = {}
+        self.watching = False
 
-def _timeout(timeout: float | None) -> float | None:
-    if timeout is not None and (isinstance(timeout, bool) or timeout < 0):
-        raise ValidationError("timeout must be a number of seconds >= 0, or None")
-    return timeout
+    def watch(self, ids: Iterable[int]) -> Statement[None]:
+        """Mark these jobs watched and take in the rows of those finished already (or, for
+        jobs announced finished, now)."""
+        wanted = list(ids)
+        first = not self.watching
+        self.watching = True
 
+        def seen(rows: list[dict[str, Any]]) -> None:
+            found = {row.id: row for row in JobRow.from_records(rows)}
+            for job_id in wanted:
+                row = found.get(job_id)
+                if row is None:
+                    raise ValidationError(
+                        f"no job {job_id} to wait for"
+                        if first
+                        else f"job {job_id} left awa.jobs (deleted, or moved to the "
+                        "dead-letter queue)"
+                    )
+                if row.state in TERMINAL_STATES:
+                    self.finished[job_id] = row
+                    self.pending.discard(job_id)
 
-def _ids(job_ids: Iterable[int]) -> list[int]:
-    ids = list(dict.fromkeys(job_ids))
-    if not ids:
-        raise ValidationError("wait_many() needs at least one job id")
-    return ids
+        return Statement(query("watch_jobs"), {"ids": wanted}, seen)
+
+    def time_left(self) -> float | None:
+        """Seconds left to wait (None: no limit); WaitTimeout once there are none."""
+        if self.deadline is None:
+            return None
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise WaitTimeout(
+                f"job(s) {sorted(self.pending)} did not finish within {self.timeout} s"
+            )
+        return left
+
+    def announced(self, payloads: Iterable[str]) -> set[int]:
+        """The pending jobs among the notifications' payloads."""
+        return {int(p) for p in payloads if p.isdigit() and int(p) in self.pending}
 
 
 class AsyncWorkflowMethods:
@@ -105,45 +141,21 @@ class AsyncWorkflowMethods:
         self, job_ids: Iterable[int], *, timeout: float | None = None
     ) -> dict[int, JobRow]:
         """``wait`` for several jobs: their final rows by id, once all have finished."""
-        ids = _ids(job_ids)
-        deadline = None if _timeout(timeout) is None else time.monotonic() + (timeout or 0)
-        finished: dict[int, JobRow] = {}
+        waiting = _Waiting(job_ids, timeout)
         async with self.connection() as conn:
             await conn.execute(f"LISTEN {CHANNEL}")
             try:
-                pending = set()
-                for job_id in ids:
-                    row = await run_async(conn, _watch_statement(job_id))
-                    if row is None:
-                        raise ValidationError(f"no job {job_id} to wait for")
-                    if row.state in TERMINAL_STATES:
-                        finished[job_id] = row
-                    else:
-                        pending.add(job_id)
-                while pending:
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
-                        raise WaitTimeout(
-                            f"job(s) {sorted(pending)} did not finish within {timeout} s"
-                        )
-                    announced: set[int] = set()
-                    gen = conn.notifies(timeout=left, stop_after=1)
-                    async for notify in gen:
-                        if notify.payload.isdigit() and int(notify.payload) in pending:
-                            announced.add(int(notify.payload))
-                    for job_id in announced:
-                        row = await run_async(conn, _watch_statement(job_id))
-                        if row is None or row.state in TERMINAL_STATES:
-                            # Deleted after finishing (retention, a DLQ move): the last
-                            # state we can report is gone; report what we saw.
-                            if row is None:
-                                raise ValidationError(f"job {job_id} was deleted")
-                            finished[job_id] = row
-                            pending.discard(job_id)
+                await run_async(conn, waiting.watch(waiting.ids))
+                while waiting.pending:
+                    left = waiting.time_left()
+                    notices = conn.notifies(timeout=left, stop_after=1)
+                    announced = waiting.announced([notice.payload async for notice in notices])
+                    if announced:
+                        await run_async(conn, waiting.watch(announced))
             finally:
                 with contextlib.suppress(psycopg.Error):
                     await conn.execute(f"UNLISTEN {CHANNEL}")
-        return finished
+        return waiting.finished
 
 
 class WorkflowMethods:
@@ -179,43 +191,21 @@ class WorkflowMethods:
     def wait_many(
         self, job_ids: Iterable[int], *, timeout: float | None = None
     ) -> dict[int, JobRow]:
-        ids = _ids(job_ids)
-        deadline = None if _timeout(timeout) is None else time.monotonic() + (timeout or 0)
-        finished: dict[int, JobRow] = {}
+        waiting = _Waiting(job_ids, timeout)
         with self.connection() as conn:
             conn.execute(f"LISTEN {CHANNEL}")
             try:
-                pending = set()
-                for job_id in ids:
-                    row = run_sync(conn, _watch_statement(job_id))
-                    if row is None:
-                        raise ValidationError(f"no job {job_id} to wait for")
-                    if row.state in TERMINAL_STATES:
-                        finished[job_id] = row
-                    else:
-                        pending.add(job_id)
-                while pending:
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
-                        raise WaitTimeout(
-                            f"job(s) {sorted(pending)} did not finish within {timeout} s"
-                        )
-                    announced = {
-                        int(notify.payload)
-                        for notify in conn.notifies(timeout=left, stop_after=1)
-                        if notify.payload.isdigit() and int(notify.payload) in pending
-                    }
-                    for job_id in announced:
-                        row = run_sync(conn, _watch_statement(job_id))
-                        if row is None:
-                            raise ValidationError(f"job {job_id} was deleted")
-                        if row.state in TERMINAL_STATES:
-                            finished[job_id] = row
-                            pending.discard(job_id)
+                run_sync(conn, waiting.watch(waiting.ids))
+                while waiting.pending:
+                    left = waiting.time_left()
+                    notices = conn.notifies(timeout=left, stop_after=1)
+                    announced = waiting.announced([notice.payload for notice in notices])
+                    if announced:
+                        run_sync(conn, waiting.watch(announced))
             finally:
                 with contextlib.suppress(psycopg.Error):
                     conn.execute(f"UNLISTEN {CHANNEL}")
-        return finished
+        return waiting.finished
 
 
 __all__ = ["AsyncWorkflowMethods", "WaitTimeout", "WorkflowMethods"]

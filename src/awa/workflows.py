@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import orjson
@@ -232,7 +232,3 @@ def cancel_workflow_statement(workflow: uuid.UUID | str) -> Statement[int]:
         return int(rows[0]["count"])
 
     return Statement(query("cancel_workflow"), {"workflow": workflow_id(workflow)}, count)
-
-
-def sequence_of(jobs: Sequence[JobRow] | JobRow) -> list[JobRow]:
-    return [jobs] if isinstance(jobs, JobRow) else list(jobs)

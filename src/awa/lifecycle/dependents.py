@@ -29,10 +29,6 @@ def may_have_cancelled_dependents(row: JobRow) -> bool:
     return row.has_dependents and row.state in (JobState.FAILED, JobState.CANCELLED)
 
 
-def _job_rows(rows: list[dict[str, Any]]) -> list[JobRow]:
-    return [JobRow.from_record(row) for row in rows]
-
-
 async def fire_cancelled_dependents(
     connection: Callable[[], AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]],
     hooks: HookDispatcher,
@@ -40,7 +36,7 @@ async def fire_cancelled_dependents(
 ) -> None:
     """Fire Cancelled for the dependents the parent's outcome cancelled with it."""
     params = {"id": parent.id, "finalized_at": parent.finalized_at}
-    statement = Statement(query("dependents_cancelled_with"), params, _job_rows)
+    statement = Statement(query("dependents_cancelled_with"), params, JobRow.from_records)
     try:
         async with connection() as conn:
             rows = await run_async(conn, statement)

@@ -23,7 +23,6 @@ SEARCH_WINDOW = 100_000
 each row, so it is bounded like every other list."""
 STALE_SAMPLE_SECONDS = 60.0
 """Samples older than this (no leader running) are refreshed by the page that reads them."""
-TERMINAL = (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED)
 SHOWN_STATES = (
     JobState.AVAILABLE,
     JobState.SCHEDULED,

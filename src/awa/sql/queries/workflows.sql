@@ -44,9 +44,19 @@ SELECT count(*) AS count,
            FILTER (WHERE c.prior_state IN ('running', 'waiting_external')) AS told
 FROM cancelled AS c
 
--- name: watch_job
--- Mark a job watched (its final state is announced on awa_finished) and return it.
-UPDATE awa.jobs SET watched = true WHERE id = %(id)s RETURNING *
+-- name: watch_jobs
+-- Mark the unfinished ones of these jobs watched (their final state is then announced on
+-- awa_finished) and return every one of them as it is now.
+WITH watched AS (
+    UPDATE awa.jobs SET watched = true
+    WHERE id = ANY(%(ids)s::bigint[]) AND NOT watched
+      AND state NOT IN ('completed', 'failed', 'cancelled')
+    RETURNING *
+)
+SELECT * FROM watched
+UNION ALL
+SELECT * FROM awa.jobs
+WHERE id = ANY(%(ids)s::bigint[]) AND id NOT IN (SELECT id FROM watched)
 
 -- name: prune_dependency_edges
 -- Edges whose child is gone (retention deleted it), a bounded batch at a time.
