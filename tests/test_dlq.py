@@ -527,3 +527,37 @@ def test_the_cli(database_url: str, sync_client: awa.Client, conn: Conn) -> None
         "purged 0 job(s) (every entry)"
     )
     assert "empty" in awa_cli(database_url, "dlq", "depth").stdout
+
+
+async def test_an_entry_keeps_every_column_of_the_failed_row(
+    client: awa.AsyncClient, conn: Conn
+) -> None:
+    """The move copies the row whole (bytes, intervals, arrays, JSON, UUIDs and all)."""
+    job = await client.insert(
+        {"n": 1},
+        kind="full",
+        queue=PLAIN,
+        tags=["a", "b"],
+        metadata={"k": [1, {"x": None}]},
+        unique_opts={"by_args": True},
+        ordering_key=b"\x00\xffkey",
+        deadline_duration=dt.timedelta(minutes=5, microseconds=7),
+        concurrency_key="tenant-1",
+    )
+    conn.execute(
+        "UPDATE awa.jobs SET state = 'failed', attempt = 2, finalized_at = now(),"
+        " workflow_id = gen_random_uuid(), has_dependents = true, progress = '{\"p\": 1}',"
+        ' errors = \'[{"error": "boom", "attempt": 2, "at": "2026-01-01T00:00:00Z"}]\''
+        " WHERE id = %s",
+        (job.id,),
+    )
+    before = job_row(conn, job.id)
+    assert before is not None
+    entry = await client.move_failed_to_dlq(job.id, "kept whole")
+    assert entry is not None
+    with conn.cursor(row_factory=psycopg.rows.dict_row) as cursor:
+        cursor.execute("SELECT * FROM awa.dlq_entries WHERE id = %s", (job.id,))
+        stored = cursor.fetchone()
+    assert stored is not None
+    assert {name: stored[name] for name in before} == before
+    assert (stored["reason"], stored["original_run_lease"]) == ("kept whole", before["run_lease"])

@@ -77,6 +77,17 @@ CREATE INDEX dlq_entries_kind_idx ON awa.dlq_entries (kind, dlq_at, id);
 CREATE INDEX dlq_entries_queue_idx ON awa.dlq_entries (queue, dlq_at, id);
 CREATE INDEX dlq_entries_tags_idx ON awa.dlq_entries USING gin (tags);
 
+-- A failed job's row as a DLQ entry: every column of awa.jobs (the entry table has each of
+-- them, a test holds them equal), plus why and when. Built from the row as JSON, so that a
+-- column added to both tables needs no change here.
+CREATE FUNCTION awa.dlq_snapshot(p_job jsonb, p_reason text) RETURNS awa.dlq_entries
+LANGUAGE sql STABLE AS $$
+    SELECT * FROM jsonb_populate_record(
+        NULL::awa.dlq_entries,
+        p_job || jsonb_build_object(
+            'reason', p_reason, 'dlq_at', now(), 'original_run_lease', p_job -> 'run_lease'))
+$$;
+
 -- The move: copy the failed row, then delete it from awa.jobs. The reason comes from the
 -- error entry the failing statement just appended. An entry left with the same id (ids
 -- given explicitly, or a sequence reset) is replaced: the failure path must never error.
@@ -100,23 +111,9 @@ BEGIN
         ELSE 'max_attempts_exhausted'
     END;
     DELETE FROM awa.dlq_entries AS d WHERE d.id = NEW.id;
-    INSERT INTO awa.dlq_entries (
-        id, kind, queue, args, state, priority, attempt, max_attempts, run_lease, run_at,
-        created_at, attempted_at, finalized_at, heartbeat_at, deadline_at, deadline_duration,
-        errors, metadata, tags, unique_key, unique_states, ordering_key, callback_id,
-        callback_timeout_at, callback_filter, callback_on_complete, callback_on_fail,
-        callback_transform, callback_in_handler, progress, output, concurrency_key,
-        reason, dlq_at, original_run_lease
-    ) VALUES (
-        NEW.id, NEW.kind, NEW.queue, NEW.args, NEW.state, NEW.priority, NEW.attempt,
-        NEW.max_attempts, NEW.run_lease, NEW.run_at, NEW.created_at, NEW.attempted_at,
-        NEW.finalized_at, NEW.heartbeat_at, NEW.deadline_at, NEW.deadline_duration, NEW.errors,
-        NEW.metadata, NEW.tags, NEW.unique_key, NEW.unique_states, NEW.ordering_key,
-        NEW.callback_id, NEW.callback_timeout_at, NEW.callback_filter, NEW.callback_on_complete,
-        NEW.callback_on_fail, NEW.callback_transform, NEW.callback_in_handler, NEW.progress,
-        NEW.output, NEW.concurrency_key,
-        v_reason, now(), NEW.run_lease
-    );
+    -- Every column of the row, whatever later migrations add to both tables.
+    INSERT INTO awa.dlq_entries
+    SELECT * FROM awa.dlq_snapshot(to_jsonb(NEW), v_reason);
     DELETE FROM awa.jobs AS j WHERE j.id = NEW.id;
     RETURN NULL;
 END

@@ -39,56 +39,13 @@ ALTER TABLE awa.jobs
     -- awa_finished.
     ADD COLUMN watched boolean NOT NULL DEFAULT false;
 
--- The dead-letter queue keeps the new columns too: a job retried from it comes back with its
--- workflow and its dependents (migration 7's move, now copying them).
+-- The dead-letter queue keeps the new columns too (migration 7's move copies every column):
+-- a job retried from it comes back with its workflow and its dependents.
 ALTER TABLE awa.dlq_entries
     ADD COLUMN workflow_id uuid,
     ADD COLUMN has_dependents boolean NOT NULL DEFAULT false,
     ADD COLUMN watched boolean NOT NULL DEFAULT false;
 
-CREATE OR REPLACE FUNCTION awa.move_failed_job_to_dlq() RETURNS trigger
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_last jsonb := NEW.errors -> -1;
-    v_reason text;
-BEGIN
-    IF NOT EXISTS (
-        SELECT 1 FROM awa.queue_settings AS s WHERE s.queue = NEW.queue AND s.dlq_enabled
-    ) THEN
-        RETURN NULL;
-    END IF;
-    v_reason := CASE
-        WHEN v_last ? 'rescued'
-            THEN left(COALESCE(NULLIF(v_last ->> 'rescued', ''), 'rescued'), 200)
-        -- Only a callback answered with fail clears the callback a running or parked job held.
-        WHEN OLD.callback_id IS NOT NULL AND NEW.callback_id IS NULL THEN 'callback_failed'
-        WHEN v_last -> 'terminal' = 'true'::jsonb THEN 'terminal_error'
-        ELSE 'max_attempts_exhausted'
-    END;
-    DELETE FROM awa.dlq_entries AS d WHERE d.id = NEW.id;
-    INSERT INTO awa.dlq_entries (
-        id, kind, queue, args, state, priority, attempt, max_attempts, run_lease, run_at,
-        created_at, attempted_at, finalized_at, heartbeat_at, deadline_at, deadline_duration,
-        errors, metadata, tags, unique_key, unique_states, ordering_key, callback_id,
-        callback_timeout_at, callback_filter, callback_on_complete, callback_on_fail,
-        callback_transform, callback_in_handler, progress, output, concurrency_key,
-        workflow_id, has_dependents, watched,
-        reason, dlq_at, original_run_lease
-    ) VALUES (
-        NEW.id, NEW.kind, NEW.queue, NEW.args, NEW.state, NEW.priority, NEW.attempt,
-        NEW.max_attempts, NEW.run_lease, NEW.run_at, NEW.created_at, NEW.attempted_at,
-        NEW.finalized_at, NEW.heartbeat_at, NEW.deadline_at, NEW.deadline_duration, NEW.errors,
-        NEW.metadata, NEW.tags, NEW.unique_key, NEW.unique_states, NEW.ordering_key,
-        NEW.callback_id, NEW.callback_timeout_at, NEW.callback_filter, NEW.callback_on_complete,
-        NEW.callback_on_fail, NEW.callback_transform, NEW.callback_in_handler, NEW.progress,
-        NEW.output, NEW.concurrency_key,
-        NEW.workflow_id, NEW.has_dependents, NEW.watched,
-        v_reason, now(), NEW.run_lease
-    );
-    DELETE FROM awa.jobs AS j WHERE j.id = NEW.id;
-    RETURN NULL;
-END
-$$;
 
 CREATE INDEX jobs_workflow_idx ON awa.jobs (workflow_id, id) WHERE workflow_id IS NOT NULL;
 

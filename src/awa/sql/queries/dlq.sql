@@ -112,21 +112,8 @@ SELECT count(*) AS count FROM removed
 WITH moved AS (
     DELETE FROM awa.jobs WHERE id = %(id)s AND state = 'failed' RETURNING *
 )
-INSERT INTO awa.dlq_entries (
-    id, kind, queue, args, state, priority, attempt, max_attempts, run_lease, run_at,
-    created_at, attempted_at, finalized_at, heartbeat_at, deadline_at, deadline_duration,
-    errors, metadata, tags, unique_key, unique_states, ordering_key, callback_id,
-    callback_timeout_at, callback_filter, callback_on_complete, callback_on_fail,
-    callback_transform, callback_in_handler, progress, output, concurrency_key,
-    workflow_id, has_dependents, watched, reason, original_run_lease
-)
-SELECT id, kind, queue, args, state, priority, attempt, max_attempts, run_lease, run_at,
-       created_at, attempted_at, finalized_at, heartbeat_at, deadline_at, deadline_duration,
-       errors, metadata, tags, unique_key, unique_states, ordering_key, callback_id,
-       callback_timeout_at, callback_filter, callback_on_complete, callback_on_fail,
-       callback_transform, callback_in_handler, progress, output, concurrency_key,
-       workflow_id, has_dependents, watched, %(reason)s::text, run_lease
-FROM moved
+INSERT INTO awa.dlq_entries
+SELECT s.* FROM moved AS m CROSS JOIN LATERAL awa.dlq_snapshot(to_jsonb(m), %(reason)s) AS s
 RETURNING *
 
 -- name: dlq_bulk_move_failed
@@ -137,21 +124,9 @@ WITH moved AS (
       AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
     RETURNING *
 ), inserted AS (
-    INSERT INTO awa.dlq_entries (
-        id, kind, queue, args, state, priority, attempt, max_attempts, run_lease, run_at,
-        created_at, attempted_at, finalized_at, heartbeat_at, deadline_at, deadline_duration,
-        errors, metadata, tags, unique_key, unique_states, ordering_key, callback_id,
-        callback_timeout_at, callback_filter, callback_on_complete, callback_on_fail,
-        callback_transform, callback_in_handler, progress, output, concurrency_key,
-        workflow_id, has_dependents, watched, reason, original_run_lease
-    )
-    SELECT id, kind, queue, args, state, priority, attempt, max_attempts, run_lease, run_at,
-           created_at, attempted_at, finalized_at, heartbeat_at, deadline_at,
-           deadline_duration, errors, metadata, tags, unique_key, unique_states, ordering_key,
-           callback_id, callback_timeout_at, callback_filter, callback_on_complete,
-           callback_on_fail, callback_transform, callback_in_handler, progress, output,
-           concurrency_key, workflow_id, has_dependents, watched, %(reason)s::text, run_lease
-    FROM moved
+    INSERT INTO awa.dlq_entries
+    SELECT s.* FROM moved AS m
+    CROSS JOIN LATERAL awa.dlq_snapshot(to_jsonb(m), %(reason)s) AS s
     RETURNING 1
 )
 SELECT count(*) AS count FROM inserted
