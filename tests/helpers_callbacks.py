@@ -7,8 +7,15 @@ tests then play the outside system that answers it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import socket
+import subprocess
+import sys
+import time
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import awa
@@ -100,3 +107,42 @@ def last_error(conn: Conn, job_id: int) -> dict[str, Any]:
     assert errors, f"job {job_id} has no errors"
     entry: dict[str, Any] = errors[-1]
     return entry
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@contextlib.contextmanager
+def serving_receiver(
+    env: dict[str, str], *args: str, cwd: Path | None = None, group: str = "callback"
+) -> Iterator[str]:
+    """Run ``awa <group> serve`` on a free port until the block ends (``group="callbacks"``:
+    the deprecated spelling); waits, with a deadline, until it accepts connections and
+    yields its base URL."""
+    port = free_port()
+    awa_command = Path(sys.executable).with_name("awa")  # the console script
+    command = [str(awa_command), group, "serve", "--port", str(port), *args]
+    process = subprocess.Popen(
+        command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+                break
+            if process.poll() is not None or time.monotonic() > deadline:
+                output = process.stdout.read() if process.stdout else ""
+                raise AssertionError(f"the receiver did not start: {output}")
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -15,12 +15,10 @@ import contextlib
 import dataclasses
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +42,14 @@ from awa.callback_contract import (
     verify,
 )
 from awa.callbacks.http import create_app, sign_request
-from helpers_callbacks import Payment, Receipt, insert_parked, last_error
+from helpers_callbacks import (
+    Payment,
+    Receipt,
+    free_port,
+    insert_parked,
+    last_error,
+    serving_receiver,
+)
 from helpers_lifecycle import Recorder, jobs_of_kind
 from helpers_worker import db_now, queue, row, seconds, start, wait_for_state
 from jobs_helpers import Conn
@@ -450,13 +455,6 @@ async def test_a_reference_style_function_resolves_an_awa_job(
 # awa callback serve --callback-hmac-secret ----------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 def receiver_env(database_url: str, **variables: str) -> dict[str, str]:
     """The environment without any callback secret, plus ``variables``."""
     env = {
@@ -467,33 +465,6 @@ def receiver_env(database_url: str, **variables: str) -> dict[str, str]:
     return {**env, "DATABASE_URL": database_url, **variables}
 
 
-@contextlib.contextmanager
-def serving(env: dict[str, str], *args: str, group: str = "callback") -> Iterator[str]:
-    """Run ``awa <group> serve`` on a free port until the block ends; yields its base URL."""
-    port = free_port()
-    command = [str(AWA), group, "serve", "--port", str(port), *args]
-    process = subprocess.Popen(
-        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-                break
-            if process.poll() is not None or time.monotonic() > deadline:
-                output = process.stdout.read() if process.stdout else ""
-                raise AssertionError(f"the receiver did not start: {output}")
-            time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
 async def test_served_with_the_contract_secret_from_the_environment(
     client: awa.AsyncClient, database_url: str, conn: Conn
 ) -> None:
@@ -501,7 +472,7 @@ async def test_served_with_the_contract_secret_from_the_environment(
     the native ones; a forged request is refused, a signed one completes the job."""
     job_id, cb = await insert_parked(client, conn)
     env = receiver_env(database_url, AWA_CALLBACK_SECRET=SECRET, AWA_CALLBACK_HMAC_SECRET=KEY_HEX)
-    with serving(env) as base:
+    with serving_receiver(env) as base:
         async with httpx.AsyncClient(base_url=base, timeout=10) as http:
             forged = await post(http, cb, "complete", {"payload": 1}, key=bytes(32))
             assert forged.status_code == 401
@@ -519,7 +490,7 @@ async def test_served_contract_only_with_the_reference_flags(
     command line, without AWA_CALLBACK_SECRET: the contract routes only."""
     job_id, cb = await insert_parked(client, conn)
     flags = ("--callback-hmac-secret", KEY_HEX, "--path-prefix", "/awa-cb")
-    with serving(receiver_env(database_url), *flags, group="callbacks") as base:
+    with serving_receiver(receiver_env(database_url), *flags, group="callbacks") as base:
         async with httpx.AsyncClient(base_url=base, timeout=10) as http:
             path = f"/callbacks/{cb}/complete"
             native = await http.post(path, headers=sign_request(SECRET, "POST", path, b""))

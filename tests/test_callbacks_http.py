@@ -15,7 +15,6 @@ import hashlib
 import hmac
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -39,7 +38,14 @@ from awa.callbacks.http import (
     sign_request,
     verify_signature,
 )
-from helpers_callbacks import Payment, Receipt, insert_parked, last_error
+from helpers_callbacks import (
+    Payment,
+    Receipt,
+    free_port,
+    insert_parked,
+    last_error,
+    serving_receiver,
+)
 from helpers_lifecycle import Recorder, jobs_of_kind
 from helpers_worker import row
 from jobs_helpers import Conn
@@ -356,42 +362,14 @@ async def test_custom_prefix(client: awa.AsyncClient, conn: Conn) -> None:
 # awa callback serve: a real server ---------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 @contextlib.contextmanager
 def serving(
     database_url: str, *args: str, cwd: Path | None = None, group: str = "callback"
 ) -> Iterator[str]:
-    """Run ``awa callback serve`` (or the deprecated ``awa callbacks serve`` with
-    ``group="callbacks"``) on a free port; yields its base URL."""
-    port = free_port()
+    """``awa callback serve`` with this test's database and secret; yields its base URL."""
     env = {**os.environ, "DATABASE_URL": database_url, "AWA_CALLBACK_SECRET": SECRET}
-    command = [str(AWA), group, "serve", "--port", str(port), *args]
-    process = subprocess.Popen(
-        command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-                break
-            if process.poll() is not None or time.monotonic() > deadline:
-                output = process.stdout.read() if process.stdout else ""
-                raise AssertionError(f"the receiver did not start: {output}")
-            time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    with serving_receiver(env, *args, cwd=cwd, group=group) as base:
+        yield base
 
 
 @pytest.mark.parametrize("group", ["callback", "callbacks"])
