@@ -32,8 +32,9 @@ def path_for(
     segments = {}
     for key, value in params.items():
         segment = str(value)
-        if not segment:
-            raise ValueError(f"a link to {name} needs a non-empty {key}")
+        if segment.strip(".") == "":
+            # Browsers resolve "." and ".." segments, encoded or not: never one of those.
+            raise ValueError(f"a link to {name} needs a {key} other than {segment!r}")
         segments[key] = urllib.parse.quote(segment, safe="")
     path = root(request) + str(request.app.router.url_path_for(name, **segments))
     values = {key: str(value) for key, value in (query or {}).items() if value not in (None, "")}

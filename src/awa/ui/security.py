@@ -240,7 +240,10 @@ def request_host(scope: Scope) -> str | None:
 def foreign_origin(scope: Scope) -> str | None:
     """Why a request other than GET or HEAD is refused as coming from another origin (see
     the module's docstring), or None when it may go on to the CSRF check."""
-    headers = {name: value.decode("latin-1") for name, value in scope.get("headers") or []}
+    headers = {
+        name.decode("latin-1").lower(): value.decode("latin-1")
+        for name, value in scope.get("headers") or []
+    }
     claimed = headers.get("origin")
     header = "Origin"
     if claimed is None:
