@@ -69,7 +69,7 @@ async def test_mount_serves_callbacks_and_the_ui_under_one_prefix(
         assert must_job_row(conn, job.id)["state"] == "completed"
         page = await http.get(f"/ops/awa/jobs/{job.id}")
         assert page.status_code == 200
-        assert 'href="http://app/ops/awa/jobs"' in page.text
+        assert 'href="/ops/awa/jobs"' in page.text
     with pytest.raises(ValueError, match="needs a prefix"):
         mount(app, client, prefix="/")
 

@@ -1,7 +1,8 @@
 """The operator UI in a real headless Chromium (Debian's package, driven by Playwright):
 an operator finds a failed job, reads its traceback, retries it and sees it complete;
 follows the lineage from a trigger to its follow-up; the read-only UI has no buttons and a
-forged POST gets 403; a POST without the CSRF token is refused.
+forged POST gets 403; a POST without the CSRF token is refused; a queue and a schedule whose
+names are crafted paths are paused and fired by their own buttons, and nothing else changes.
 
 Set AWA_UI_SCREENSHOTS to a folder to keep the screenshots (docs/images holds those of
 docs/ui.md, taken by this test)."""
@@ -15,9 +16,10 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, ConsoleMessage, Page, expect, sync_playwright
 
 import awa
+from awa.observability.queue_samples import store_queue_samples
 from helpers_browser import CHROMIUM_FLAGS, ServedUi, chromium_path, served
 from helpers_worker import FAST_QUEUE, FAST_RUNTIME
 from jobs_helpers import Conn, must_job_row
@@ -175,3 +177,51 @@ def test_a_post_without_the_csrf_token_is_refused(
     page.get_by_role("button", name="Cancel").click()  # the page's own form carries it
     expect(page.locator(".flash")).to_have_text(f"Job {job.id} cancelled.")
     assert must_job_row(conn, job.id)["state"] == "cancelled"
+
+
+async def sample_queues(client: awa.AsyncClient) -> None:
+    """Take the queue sample the overview lists queues from (as the leader does)."""
+    async with client.connection() as conn:
+        await store_queue_samples(conn)
+
+
+def test_a_crafted_name_never_turns_a_button_into_another_action(
+    ui: ServedUi, page: Page, sync_client: awa.Client, conn: Conn
+) -> None:
+    violations: list[str] = []
+
+    def on_console(message: ConsoleMessage) -> None:
+        if "Content Security Policy" in message.text or "Content-Security-Policy" in message.text:
+            violations.append(message.text)
+
+    page.on("console", on_console)
+    victim = sync_client.insert(Charge(order=1), queue="held")  # no worker runs "held"
+    before = must_job_row(conn, victim.id)
+    crafted = f"../../jobs/{victim.id}/discard"
+    sync_client.insert(Charge(order=2), queue=crafted)
+    conn.execute(
+        "INSERT INTO awa.cron_jobs (name, cron_expr, kind, queue) VALUES (%s, %s, %s, %s)",
+        (crafted, "0 3 * * *", "crafted-report", "held"),
+    )
+    ui.run(sample_queues(ui.client))
+
+    page.goto(ui.url + "/")
+    row = page.locator("tr[data-queue]").filter(has_text=crafted)
+    expect(row).to_have_count(1)
+    row.get_by_role("button", name="Pause").click()
+    expect(page.locator(".flash")).to_have_text(
+        f"Queue {crafted} paused: workers finish what runs and claim no more."
+    )
+    paused = conn.execute("SELECT queue FROM awa.queues WHERE paused").fetchall()
+    assert paused == [(crafted,)]
+    assert must_job_row(conn, victim.id) == before  # not discarded, not touched
+
+    page.get_by_role("link", name="Schedules", exact=True).click()
+    schedule = page.locator("tr[data-schedule]").filter(has_text=crafted)
+    expect(schedule).to_have_count(1)
+    schedule.get_by_role("button", name="Trigger now").click()
+    expect(page.locator(".flash")).to_contain_text(f"Schedule {crafted} fired: job ")
+    fired = conn.execute("SELECT queue FROM awa.jobs WHERE kind = 'crafted-report'").fetchall()
+    assert fired == [("held",)]
+    assert must_job_row(conn, victim.id) == before
+    assert violations == []

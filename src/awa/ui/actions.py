@@ -1,6 +1,11 @@
 """The operator UI's actions (POST): each checks the CSRF token, acts through ``awa.admin``
 (rows only: no hooks, no follow-ups, like the CLI), leaves a flash message and redirects.
-Bulk actions first answer with a confirmation page; they act when it is confirmed."""
+Bulk actions first answer with a confirmation page; they act when it is confirmed.
+
+Names the actions apply to (a queue, a schedule, a workflow id) travel as form fields, never
+in the path, and every form names its action in an ``action`` field that the address it is
+posted to must agree with (400 otherwise): whatever a stored name holds, one button can
+never post another action."""
 
 from __future__ import annotations
 
@@ -15,13 +20,14 @@ from starlette.routing import Route
 
 from awa import admin
 from awa.db import run_async
-from awa.errors import AwaError
+from awa.errors import AwaError, ValidationError
 from awa.model import JobState
 from awa.ui import reads
 from awa.ui.context import ui_of
-from awa.ui.pages import BadRequest, job_filter
+from awa.ui.links import back_to, path_for
+from awa.ui.params import BadRequest, job_filter, job_id, job_ids, required, shown
 from awa.ui.security import CSRF_FIELD, csrf_valid, flash
-from awa.workflows import cancel_workflow_statement
+from awa.workflows import cancel_workflow_statement, workflow_id
 
 MAX_BULK = 10_000
 """Jobs one bulk action moves at most (press again for the rest)."""
@@ -43,19 +49,20 @@ NOT_APPLICABLE = {
 }
 
 
-def _back(request: Request, form: FormData, default: str) -> str:
-    """Where to go after the action: the form's ``next`` when it is a path of this UI."""
-    target = form.get("next")
-    root = request.scope.get("root_path") or ""
-    if isinstance(target, str) and target.startswith(root + "/") and not target.startswith("//"):
-        return target
-    return default
-
-
 def _redirect(request: Request, form: FormData, default: str, message: str) -> Response:
-    response = RedirectResponse(_back(request, form, default), status_code=303)
+    response = RedirectResponse(back_to(request, form.get("next"), default), status_code=303)
     flash(request, response, message)
     return response
+
+
+def _same_action(form: FormData, address: str) -> None:
+    """Refuse a form whose ``action`` field names another action than its address does."""
+    asked = form.get("action")
+    if asked != address:
+        raise BadRequest(
+            f"action: the form asks for {shown(asked)} but was sent to the address of "
+            f"{address!r}; nothing was done (reload the page and press the button again)"
+        )
 
 
 async def _checked_form(request: Request) -> FormData:
@@ -76,9 +83,10 @@ def _refused() -> Response:
     )
 
 
-def _guarded(
-    handler: Callable[[Request, FormData], Awaitable[Response]],
-) -> Callable[[Request], Awaitable[Response]]:
+Handler = Callable[[Request, FormData], Awaitable[Response]]
+
+
+def _guarded(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
     async def endpoint(request: Request) -> Response:
         try:
             form = await _checked_form(request)
@@ -89,33 +97,23 @@ def _guarded(
         except BadRequest:
             raise
         except AwaError as error:
-            default = str(request.url_for("overview"))
-            return _redirect(request, form, default, f"Not done: {error}")
+            return _redirect(request, form, path_for(request, "overview"), f"Not done: {error}")
 
     return endpoint
 
 
 async def job_action(request: Request, form: FormData) -> Response:
     ui = ui_of(request)
-    job_id: int = request.path_params["job_id"]
+    wanted = job_id(request.path_params["job_id"])
     name: str = request.path_params["action"]
     if name not in JOB_ACTIONS:
-        return PlainTextResponse(f"unknown action {name!r}", status_code=404)
+        return PlainTextResponse(f"unknown action {shown(name)}", status_code=404)
+    _same_action(form, name)
     action, done = JOB_ACTIONS[name]
     async with ui.connection() as conn:
-        result = await action(conn, job_id)
-    message = f"Job {job_id} {done}." if result else f"Job {job_id}: {NOT_APPLICABLE[name]}."
-    return _redirect(request, form, str(request.url_for("job", job_id=job_id)), message)
-
-
-def _ids(form: FormData) -> list[int]:
-    ids = []
-    for value in form.getlist("ids"):
-        try:
-            ids.append(int(str(value)))
-        except ValueError:
-            raise BadRequest(f"ids: {value!r} is not a job id") from None
-    return ids[:MAX_BULK]
+        result = await action(conn, wanted)
+    message = f"Job {wanted} {done}." if result else f"Job {wanted}: {NOT_APPLICABLE[name]}."
+    return _redirect(request, form, path_for(request, "job", job_id=wanted), message)
 
 
 def _confirm(
@@ -129,11 +127,11 @@ def _confirm(
 async def bulk(request: Request, form: FormData) -> Response:
     """Retry, cancel or discard the selected jobs."""
     ui = ui_of(request)
-    name = str(form.get("action", ""))
+    name = form.get("action", "")
     if name not in ("retry", "cancel", "discard"):
-        raise BadRequest(f"action must be retry, cancel or discard, not {name!r}")
-    ids = _ids(form)
-    back = str(request.url_for("jobs"))
+        raise BadRequest(f"action must be retry, cancel or discard, not {shown(name)}")
+    ids = job_ids(form.getlist("ids"))[:MAX_BULK]
+    back = path_for(request, "jobs")
     if not ids:
         return _redirect(request, form, back, "Nothing selected.")
     if form.get("confirm") != "yes":
@@ -141,8 +139,8 @@ async def bulk(request: Request, form: FormData) -> Response:
     action, done = JOB_ACTIONS[name]
     async with ui.connection() as conn:
         applied = 0
-        for job_id in ids:
-            applied += 1 if await action(conn, job_id) else 0
+        for one in ids:
+            applied += 1 if await action(conn, one) else 0
     skipped = f"; {len(ids) - applied} did not apply" if applied < len(ids) else ""
     return _redirect(request, form, back, f"{applied} job(s) {done}{skipped}.")
 
@@ -150,13 +148,13 @@ async def bulk(request: Request, form: FormData) -> Response:
 async def matching(request: Request, form: FormData) -> Response:
     """Retry or discard every failed job matching the jobs page's filters."""
     ui = ui_of(request)
-    name = str(form.get("action", ""))
+    name = form.get("action", "")
     if name not in ("retry", "discard"):
-        raise BadRequest(f"action must be retry or discard, not {name!r}")
-    where = job_filter({key: str(value) for key, value in form.items()})
+        raise BadRequest(f"action must be retry or discard, not {shown(name)}")
+    where = job_filter(form)
     if where.state is not JobState.FAILED:
         raise BadRequest("only failed jobs can be retried or discarded by filter (state=failed)")
-    back = str(request.url_for("jobs").include_query_params(**where.query_string()))
+    back = path_for(request, "jobs", query=where.query_string())
     async with ui.connection() as conn:
         ids = await reads.matching_ids(conn, where, MAX_BULK)
         if form.get("confirm") != "yes":
@@ -171,62 +169,56 @@ async def matching(request: Request, form: FormData) -> Response:
     return _redirect(request, form, back, f"{count} failed job(s) {verb}.")
 
 
-async def queue_action(request: Request, form: FormData) -> Response:
-    ui = ui_of(request)
-    queue: str = request.path_params["queue"]
-    action = request.path_params["action"]
-    if action not in ("pause", "resume"):
-        return PlainTextResponse(f"unknown action {action!r}", status_code=404)
-    back = str(request.url_for("overview"))
-    async with ui.connection() as conn:
-        if action == "pause":
-            await admin.pause_queue(conn, queue, paused_by="awa ui")
-            message = f"Queue {queue} paused: workers finish what runs and claim no more."
-        elif await admin.resume_queue(conn, queue):
-            message = f"Queue {queue} resumed."
-        else:
-            message = f"Queue {queue} was not paused."
-    return _redirect(request, form, back, message)
+async def pause_queue(request: Request, form: FormData) -> Response:
+    _same_action(form, "pause")
+    queue = required(form, "queue")
+    async with ui_of(request).connection() as conn:
+        await admin.pause_queue(conn, queue, paused_by="awa ui")
+    message = f"Queue {queue} paused: workers finish what runs and claim no more."
+    return _redirect(request, form, path_for(request, "overview"), message)
+
+
+async def resume_queue(request: Request, form: FormData) -> Response:
+    _same_action(form, "resume")
+    queue = required(form, "queue")
+    async with ui_of(request).connection() as conn:
+        resumed = await admin.resume_queue(conn, queue)
+    message = f"Queue {queue} resumed." if resumed else f"Queue {queue} was not paused."
+    return _redirect(request, form, path_for(request, "overview"), message)
 
 
 async def trigger_schedule(request: Request, form: FormData) -> Response:
-    ui = ui_of(request)
-    name: str = request.path_params["name"]
-    async with ui.connection() as conn:
+    _same_action(form, "trigger")
+    name = required(form, "name")
+    async with ui_of(request).connection() as conn:
         row = await admin.trigger_cron_job(conn, name)
     message = f"Schedule {name} fired: job {row.id}." if row else f"No schedule named {name}."
-    return _redirect(request, form, str(request.url_for("schedules")), message)
+    return _redirect(request, form, path_for(request, "schedules"), message)
 
 
 async def cancel_workflow(request: Request, form: FormData) -> Response:
-    ui = ui_of(request)
-    wanted = request.path_params["workflow_id"]
-    async with ui.connection() as conn:
+    _same_action(form, "cancel")
+    given = required(form, "workflow")
+    try:
+        wanted = workflow_id(given)
+    except ValidationError:
+        raise BadRequest(f"workflow must be a workflow's id (a UUID), not {shown(given)}") from None
+    async with ui_of(request).connection() as conn:
         count = await run_async(conn, cancel_workflow_statement(wanted))
-    back = str(request.url_for("workflow", workflow_id=wanted))
+    back = path_for(request, "workflow", workflow_id=wanted)
     return _redirect(request, form, back, f"{count} unfinished job(s) of the workflow cancelled.")
 
 
 def routes() -> list[Route]:
     post = ["POST"]
     return [
-        Route("/jobs/{job_id:int}/{action}", _guarded(job_action), methods=post, name="job_do"),
         Route("/jobs/bulk", _guarded(bulk), methods=post, name="jobs_bulk"),
-        Route(
-            "/workflows/{workflow_id}/cancel",
-            _guarded(cancel_workflow),
-            methods=post,
-            name="workflow_cancel",
-        ),
         Route("/jobs/matching", _guarded(matching), methods=post, name="jobs_matching"),
-        # Queue and schedule names may hold any character, "/" too: they come last.
+        Route("/jobs/{job_id}/{action}", _guarded(job_action), methods=post, name="job_do"),
+        Route("/workflows/cancel", _guarded(cancel_workflow), methods=post, name="workflow_cancel"),
+        Route("/queues/pause", _guarded(pause_queue), methods=post, name="queue_pause"),
+        Route("/queues/resume", _guarded(resume_queue), methods=post, name="queue_resume"),
         Route(
-            "/queues/{action}/{queue:path}", _guarded(queue_action), methods=post, name="queue_do"
-        ),
-        Route(
-            "/schedules/trigger/{name:path}",
-            _guarded(trigger_schedule),
-            methods=post,
-            name="schedule_trigger",
+            "/schedules/trigger", _guarded(trigger_schedule), methods=post, name="schedule_trigger"
         ),
     ]

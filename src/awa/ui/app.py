@@ -12,7 +12,13 @@ from starlette.staticfiles import StaticFiles
 from awa.client import AsyncClient
 from awa.ui import actions, pages
 from awa.ui.context import Ui, templates
-from awa.ui.security import Authenticated, OwnRouter, ReadOnly, parse_credentials
+from awa.ui.security import (
+    Authenticated,
+    ReadOnly,
+    SameOrigin,
+    SecurityHeaders,
+    parse_credentials,
+)
 
 
 def create_app(
@@ -59,9 +65,11 @@ def create_app(
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=pages.ERROR_HANDLERS)
     app.state.awa_ui = ui
-    app.add_middleware(OwnRouter, router=app.router)
+    # The last added runs first: headers go on every answer, the guards' refusals included.
+    app.add_middleware(SameOrigin)
     if read_only:
         app.add_middleware(ReadOnly)
     if auth is not None:
         app.add_middleware(Authenticated, credentials=auth)
+    app.add_middleware(SecurityHeaders)
     return app

@@ -16,6 +16,7 @@ from starlette.responses import Response
 from starlette.templating import Jinja2Templates
 
 from awa.client import AsyncClient
+from awa.ui.links import path_for
 from awa.ui.security import clear_flash, csrf_token, pending_flash, remember_csrf
 
 STATEMENT_TIMEOUT_MS = 5000
@@ -91,6 +92,17 @@ def _pretty(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True, default=str, ensure_ascii=False)
 
 
+@jinja2.pass_context
+def _path_for(context: jinja2.runtime.Context, name: str, /, **params: Any) -> str:
+    return path_for(context["request"], name, **params)
+
+
+def _no_url_for(*args: Any, **kwargs: Any) -> str:
+    # Starlette's url_for builds absolute URLs from the Host header and leaves path
+    # parameters unencoded: the templates use path_for.
+    raise RuntimeError("the UI's templates build links with path_for, not url_for")
+
+
 def templates() -> Jinja2Templates:
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("awa.ui", "templates"),
@@ -100,5 +112,7 @@ def templates() -> Jinja2Templates:
     env.filters["ago"] = _ago
     env.filters["iso"] = _iso
     env.filters["pretty"] = _pretty
-    env.filters["first_line"] = lambda text: (text or "").split("\n", 1)[0]
+    env.filters["first_line"] = lambda text: str(text or "").split("\n", 1)[0]
+    env.globals["path_for"] = _path_for
+    env.globals["url_for"] = _no_url_for
     return Jinja2Templates(env=env)

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import datetime as dt
-from collections.abc import Mapping
+import http
 from typing import Any
 
 import psycopg
@@ -15,68 +14,13 @@ from starlette.routing import Route
 from awa import admin
 from awa.db import run_async
 from awa.errors import DatabaseError, ValidationError
-from awa.insert import LINEAGE
-from awa.model import JobRow, JobState
-from awa.ui import reads
+from awa.model import JobState
+from awa.ui import reads, values
 from awa.ui.context import ui_of
-from awa.workflows import WORKFLOW, WorkflowInfo, get_workflow_statement, workflow_id
-
-
-class BadRequest(ValidationError):
-    """A query parameter the UI cannot use; the page says which and why."""
-
-
-def _text(params: Mapping[str, str], name: str) -> str | None:
-    value = params.get(name, "").strip()
-    if "\x00" in value:
-        raise BadRequest(f"{name}: NUL bytes are not allowed")
-    if len(value) > 1000:
-        raise BadRequest(f"{name}: at most 1000 characters")
-    return value or None
-
-
-def _int(params: Mapping[str, str], name: str) -> int | None:
-    value = _text(params, name)
-    if value is None:
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise BadRequest(f"{name} must be a whole number, not {value!r}") from None
-
-
-def job_filter(params: Mapping[str, str]) -> reads.JobFilter:
-    """The jobs page's filters from its query string (or a bulk form's fields); BadRequest
-    names a wrong one."""
-    state_text = _text(params, "state")
-    state = None
-    if state_text is not None:
-        try:
-            state = JobState(state_text)
-        except ValueError:
-            names = ", ".join(member.value for member in JobState)
-            raise BadRequest(f"state must be one of {names}, not {state_text!r}") from None
-    sort = _text(params, "sort") or "id"
-    if sort not in ("id", "run_at"):
-        raise BadRequest(f"sort must be id or run_at, not {sort!r}")
-    after_id = _int(params, "after")
-    after_run_at = None
-    if sort == "run_at" and after_id is not None:
-        stamp = _text(params, "after_run_at")
-        try:
-            after_run_at = dt.datetime.fromisoformat(stamp or "")
-        except ValueError:
-            raise BadRequest("after_run_at must be an ISO timestamp with the after id") from None
-    return reads.JobFilter(
-        state=state,
-        kind=_text(params, "kind"),
-        queue=_text(params, "queue"),
-        tag=_text(params, "tag"),
-        text=_text(params, "q"),
-        sort=sort,
-        after_id=after_id,
-        after_run_at=after_run_at,
-    )
+from awa.ui.links import path_for
+from awa.ui.params import BadRequest, job_filter, shown
+from awa.ui.params import job_id as parse_job_id
+from awa.workflows import WorkflowInfo, get_workflow_statement, workflow_id
 
 
 async def overview(request: Request) -> Response:
@@ -93,8 +37,13 @@ async def jobs(request: Request) -> Response:
     async with ui.connection() as conn:
         page = await reads.jobs_page(conn, where)
         counts = await reads.state_totals(conn)
+    cursor = {
+        "after": where.after_id,
+        "after_run_at": where.after_run_at.isoformat() if where.after_run_at else None,
+    }
     context = {
         "where": where,
+        "here": path_for(request, "jobs", query=where.query_string(**cursor)),
         "page_of_jobs": page,
         "states": list(JobState),
         "counts": counts,
@@ -104,58 +53,34 @@ async def jobs(request: Request) -> Response:
     return ui.render(request, "jobs.html", context)
 
 
-def timeline(job: JobRow) -> list[tuple[dt.datetime, str]]:
-    """The job's moments, oldest first: creation, each failed attempt, the last claim..."""
-    moments: list[tuple[dt.datetime, str]] = [(job.created_at, "created")]
-    for entry in job.errors:
-        at = entry.get("at")
-        if isinstance(at, str):
-            try:
-                stamp = dt.datetime.fromisoformat(at)
-            except ValueError:
-                continue
-            moments.append((stamp, f"attempt {entry.get('attempt', '?')} failed"))
-    if job.attempted_at is not None:
-        moments.append((job.attempted_at, f"attempt {job.attempt} started"))
-    if job.heartbeat_at is not None:
-        moments.append((job.heartbeat_at, "last heartbeat"))
-    if job.state in (JobState.SCHEDULED, JobState.RETRYABLE, JobState.AVAILABLE):
-        moments.append((job.run_at, "runs at" if job.state is not JobState.AVAILABLE else "due"))
-    if job.deadline_at is not None:
-        moments.append((job.deadline_at, "attempt deadline"))
-    if job.callback_timeout_at is not None:
-        moments.append((job.callback_timeout_at, "callback times out"))
-    if job.finalized_at is not None:
-        moments.append((job.finalized_at, job.state.value))
-    return sorted(moments, key=lambda moment: moment[0])
-
-
 async def job(request: Request) -> Response:
     ui = ui_of(request)
-    job_id: int = request.path_params["job_id"]
+    job_id = parse_job_id(request.path_params["job_id"])
     async with ui.connection() as conn:
         row = await admin.get_job(conn, job_id)
         if row is None:
             raise HTTPException(404, f"no job {job_id} (finished jobs leave after retention)")
-        lineage = row.metadata.get(LINEAGE) if isinstance(row.metadata, dict) else None
-        trigger: dict[str, Any] | None = None
-        if isinstance(lineage, dict) and isinstance(lineage.get("id"), int):
-            trigger = {"lineage": lineage, "row": await reads.job_brief(conn, lineage["id"])}
+        if not isinstance(row.metadata, dict):
+            row.metadata = {"(stored metadata)": row.metadata}
+        lineage = values.Lineage.of(row.metadata)
+        trigger_row = None
+        if lineage is not None and lineage.id is not None:
+            trigger_row = await reads.job_brief(conn, lineage.id)
         follow_ups = await reads.follow_ups_of(conn, job_id)
         parents = await reads.parents_of(conn, job_id)
         children = await reads.children_of(conn, job_id) if row.has_dependents else []
-    metadata = {key: value for key, value in row.metadata.items() if key != LINEAGE}
-    workflow = row.metadata.get(WORKFLOW) if isinstance(row.metadata, dict) else None
+    failed = values.attempts(row)
     context = {
         "job": row,
-        "metadata": metadata,
-        "trigger": trigger,
+        "metadata": values.shown_metadata(row, lineage),
+        "lineage": lineage,
+        "trigger_row": trigger_row,
         "follow_ups": follow_ups,
         "parents": parents,
         "children": children,
-        "workflow": workflow if isinstance(workflow, dict) else None,
-        "timeline": timeline(row),
-        "errors": list(reversed(row.errors)),
+        "workflow": values.WorkflowMark.of(row),
+        "timeline": values.timeline(row, failed),
+        "errors": list(reversed(failed)),
         "page": "jobs",
     }
     return ui.render(request, "job.html", context)
@@ -164,10 +89,11 @@ async def job(request: Request) -> Response:
 async def workflow(request: Request) -> Response:
     """A workflow (or batch) as an indented list: each job under the jobs it waits for."""
     ui = ui_of(request)
+    given = request.path_params["workflow_id"]
     try:
-        wanted = workflow_id(request.path_params["workflow_id"])
-    except ValidationError as error:
-        raise BadRequest(str(error)) from None
+        wanted = workflow_id(given)
+    except ValidationError:
+        raise BadRequest(f"workflow id must be a UUID, not {shown(given)}") from None
     async with ui.connection() as conn:
         jobs = await run_async(conn, get_workflow_statement(wanted))
     if not jobs:
@@ -184,7 +110,7 @@ async def job_progress(request: Request) -> Response:
     """The live part of a job page (its state and progress), for the page's refresh."""
     ui = ui_of(request)
     async with ui.connection() as conn:
-        row = await reads.progress(conn, request.path_params["job_id"])
+        row = await reads.progress(conn, parse_job_id(request.path_params["job_id"]))
     if row is None:
         return JSONResponse({"error": "no such job"}, status_code=404)
     heartbeat = row["heartbeat_at"]
@@ -208,7 +134,12 @@ async def callbacks(request: Request) -> Response:
 async def schedules(request: Request) -> Response:
     ui = ui_of(request)
     async with ui.connection() as conn:
-        rows = await admin.list_cron_jobs(conn)
+        try:
+            rows = await admin.list_cron_jobs(conn)
+        except ValueError:
+            # One stored expression that cannot be evaluated (croniter's errors are
+            # ValueErrors) must not hide the others: read them row by row.
+            rows = await reads.schedules(conn)
     return ui.render(request, "schedules.html", {"schedules": rows, "page": "schedules"})
 
 
@@ -227,7 +158,9 @@ async def _error_page(request: Request, status: int, title: str, detail: str) ->
 
 async def _http_error(request: Request, error: Exception) -> Response:
     assert isinstance(error, HTTPException)
-    return await _error_page(request, error.status_code, "Not found", str(error.detail))
+    status = error.status_code
+    title = "Not found" if status == 404 else http.HTTPStatus(status).phrase
+    return await _error_page(request, status, title, str(error.detail))
 
 
 async def _bad_request(request: Request, error: Exception) -> Response:
@@ -258,8 +191,9 @@ def routes() -> list[Route]:
     return [
         Route("/", overview, name="overview"),
         Route("/jobs", jobs, name="jobs"),
-        Route("/jobs/{job_id:int}", job, name="job"),
-        Route("/jobs/{job_id:int}/progress", job_progress, name="job_progress"),
+        # Job ids are checked by the page (a clear 400 for 5,000 digits or one past bigint).
+        Route("/jobs/{job_id}", job, name="job"),
+        Route("/jobs/{job_id}/progress", job_progress, name="job_progress"),
         Route("/workflows/{workflow_id}", workflow, name="workflow"),
         Route("/callbacks", callbacks, name="callbacks"),
         Route("/schedules", schedules, name="schedules"),

@@ -13,8 +13,11 @@ from typing import Any
 import psycopg
 
 from awa.db import Statement, run_async
+from awa.errors import ValidationError
 from awa.model import JobState
 from awa.observability.queue_samples import store_queue_samples
+from awa.periodic import CronJob
+from awa.schedules import CronTimes
 from awa.sql import query
 
 PAGE_SIZE = 50
@@ -36,6 +39,18 @@ SHOWN_STATES = (
 
 def _rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
+
+
+def _count(value: Any) -> int:
+    """A stored count, or 0 when what is stored is not a whole number."""
+    try:
+        return int(value)
+    except (TypeError, ValueError, OverflowError):
+        return 0
+
+
+def _counts(value: Any) -> dict[str, int]:
+    return {str(key): _count(n) for key, n in value.items()} if isinstance(value, dict) else {}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -103,14 +118,14 @@ async def overview(conn: psycopg.AsyncConnection[Any]) -> Overview:
     queues = [
         QueueRow(
             queue=row["queue"],
-            counts={state: int(n) for state, n in row["counts"].items()},
-            finished_hour={state: int(n) for state, n in row["finished_hour"].items()},
+            counts=_counts(row["counts"]),
+            finished_hour=_counts(row["finished_hour"]),
             lag=row["lag"],
             sampled_at=row["sampled_at"],
             paused=row["paused"],
             paused_by=row["paused_by"],
-            workers=int(row["workers"]),
-            slots=int(row["slots"]),
+            workers=_count(row["workers"]),
+            slots=_count(row["slots"]),
             display_name=row["display_name"],
             description=row["description"],
             owner=row["owner"],
@@ -124,11 +139,47 @@ async def overview(conn: psycopg.AsyncConnection[Any]) -> Overview:
 async def state_totals(conn: psycopg.AsyncConnection[Any]) -> dict[str, int]:
     """Live jobs by state over every queue, as last sampled."""
     rows = await run_async(conn, Statement(query("ui_state_totals"), None, _rows))
-    return {row["state"]: int(row["n"]) for row in rows}
+    return {row["state"]: _count(row["n"]) for row in rows}
+
+
+def _runtimes(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    for row in rows:  # written by workers; the page reads them as a mapping and a list
+        row["concurrency"] = _counts(row["concurrency"])
+        row["queues"] = list(row["queues"] or [])
+    return rows
 
 
 async def runtimes(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
-    return await run_async(conn, Statement(query("ui_runtimes"), None, _rows))
+    return await run_async(conn, Statement(query("ui_runtimes"), None, _runtimes))
+
+
+_CRON_FIELDS = tuple(
+    field.name for field in dataclasses.fields(CronJob) if field.name != "next_fire_at"
+)
+
+
+def _next_fire(row: dict[str, Any]) -> dt.datetime | None:
+    if row["paused_at"] is not None:
+        return None
+    try:
+        times = CronTimes.of(row["cron_expr"], row["timezone"])
+        last = row["last_enqueued_at"] or row["created_at"]
+        return times.next_fire(max(last, row["now"]))
+    except (ValidationError, ValueError, ArithmeticError):
+        return None  # no next fire (30 February), or an expression this version cannot read
+
+
+def _schedules(rows: list[dict[str, Any]]) -> list[CronJob]:
+    return [
+        CronJob(**{name: row[name] for name in _CRON_FIELDS}, next_fire_at=_next_fire(row))
+        for row in rows
+    ]
+
+
+async def schedules(conn: psycopg.AsyncConnection[Any]) -> list[CronJob]:
+    """Every stored schedule, as ``admin.list_cron_jobs`` lists them, except that one whose
+    expression has no next fire gets none instead of failing the list."""
+    return await run_async(conn, Statement(query("cron_list"), None, _schedules))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -3,6 +3,18 @@
 - CSRF: a random token in a cookie of the UI's own path (``SameSite=Strict``, HTTP only)
   that every form repeats in a hidden field; a POST whose field does not match is refused
   with 403. A page on another origin can neither read the cookie nor forge the field.
+- Same origin: beside the token, every request other than GET and HEAD must come from a
+  page of the UI's own origin. Its ``Origin`` header (or, when a browser sent none, the
+  ``Referer``'s origin) must name the host the request was sent to (the ``Host`` header,
+  port included); ``Origin: null`` (sandboxed frames, some redirects) is another origin.
+  The scheme is not compared, because a proxy that terminates TLS forwards the forms of an
+  ``https`` page as plain ``http``. A request with neither header is let through to the
+  CSRF check: browsers send ``Origin`` on every POST, so only a client that is not a
+  browser (curl, a script) sends none, and no other site can make it send one.
+- Headers on every response: a Content-Security-Policy that allows scripts, styles and
+  requests from the UI's own origin only (no inline script or style, no plugin, no
+  ``<base>``, no framing, forms posting only to the UI), ``X-Frame-Options: DENY``,
+  ``Referrer-Policy: same-origin`` and ``X-Content-Type-Options: nosniff``.
 - Read-only: any request other than GET or HEAD gets 403, and templates hide the actions.
 - Authentication (``awa ui --auth``): a bearer token, or basic-auth credentials. The app
   mounted into another application leaves authentication to that application.
@@ -27,6 +39,26 @@ CSRF_COOKIE = "awa_csrf"
 CSRF_FIELD = "csrf_token"
 FLASH_COOKIE = "awa_flash"
 SAFE_METHODS = frozenset({"GET", "HEAD"})
+MAX_FLASH = 300
+"""Characters of a flash message kept (names in it may be long)."""
+CONTENT_SECURITY_POLICY = "; ".join(
+    [
+        "default-src 'self'",
+        "script-src 'self'",
+        "style-src 'self'",
+        "img-src 'self'",
+        "object-src 'none'",
+        "base-uri 'none'",
+        "frame-ancestors 'none'",
+        "form-action 'self'",
+    ]
+)
+SECURITY_HEADERS = (
+    (b"content-security-policy", CONTENT_SECURITY_POLICY.encode()),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"same-origin"),
+    (b"x-content-type-options", b"nosniff"),
+)
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -64,9 +96,11 @@ def csrf_valid(request: Request, submitted: object) -> bool:
 
 def flash(request: Request, response: Response, message: str) -> None:
     """Show ``message`` on the next page this browser renders."""
+    # Cut short: every character may take up to 12 bytes encoded, and a browser drops a
+    # cookie over 4 kB.
     response.set_cookie(
         FLASH_COOKIE,
-        urllib.parse.quote(message[:500]),
+        urllib.parse.quote(message[:MAX_FLASH]),
         path=cookie_path(request),
         httponly=True,
         samesite="strict",
@@ -81,23 +115,6 @@ def pending_flash(request: Request) -> str | None:
 
 def clear_flash(request: Request, response: Response) -> None:
     response.delete_cookie(FLASH_COOKIE, path=cookie_path(request))
-
-
-class OwnRouter:
-    """Makes ``url_for`` resolve the UI's own route names wherever it is mounted: Starlette
-    looks names up in the outermost application's router, where a named mount would
-    require qualified names; the UI's router with the mount's root path gives the same
-    URLs under any prefix."""
-
-    def __init__(self, app: ASGIApp, router: Any) -> None:
-        self.app = app
-        self.router = router
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            scope["router"] = self.router
-            scope["app_root_path"] = scope.get("root_path", "")  # URLs start at the mount
-        await self.app(scope, receive, send)
 
 
 class ReadOnly:
@@ -159,5 +176,98 @@ class Authenticated:
                     headers={"WWW-Authenticate": 'Basic realm="awa"'},
                 )
                 await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class SecurityHeaders:
+    """Adds ``SECURITY_HEADERS`` to every response (those of the other guards included)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers") or [])
+                present = {name.lower() for name, _ in headers}
+                headers += [pair for pair in SECURITY_HEADERS if pair[0] not in present]
+                message["headers"] = headers
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
+
+
+def _host_port(netloc: str) -> str:
+    """``host[:port]`` lowercased, without a default port (80, 443)."""
+    netloc = netloc.strip().lower()
+    for default in (":80", ":443"):
+        if netloc.endswith(default):
+            return netloc[: -len(default)]
+    return netloc
+
+
+def _origin_of(url: str) -> str | None:
+    """The ``host[:port]`` of an Origin or Referer value; None for ``null`` or anything that
+    is not an http(s) URL."""
+    try:
+        parts = urllib.parse.urlsplit(url.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return None
+    host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
+    return _host_port(f"{host}:{port}" if port is not None else host)
+
+
+def request_host(scope: Scope) -> str | None:
+    """The ``host[:port]`` the request was sent to (its Host header, else the server's)."""
+    for name, value in scope.get("headers") or []:
+        if name == b"host":
+            return _host_port(value.decode("latin-1"))
+    server = scope.get("server")
+    if server:
+        host, port = server
+        return _host_port(f"{host}:{port}" if port is not None else str(host))
+    return None
+
+
+def foreign_origin(scope: Scope) -> str | None:
+    """Why a request other than GET or HEAD is refused as coming from another origin (see
+    the module's docstring), or None when it may go on to the CSRF check."""
+    headers = {
+        name.decode("latin-1").lower(): value.decode("latin-1")
+        for name, value in scope.get("headers") or []
+    }
+    claimed = headers.get("origin")
+    header = "Origin"
+    if claimed is None:
+        claimed = headers.get("referer")
+        header = "Referer"
+    if claimed is None:
+        return None  # not a browser: the CSRF token decides
+    origin = _origin_of(claimed)
+    own = request_host(scope)
+    if origin is not None and own is not None and origin == own:
+        return None
+    return f"refused: the request comes from another origin ({header}: {claimed[:200]!r})"
+
+
+class SameOrigin:
+    """Answers 403 to a request other than GET or HEAD sent from another origin."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] not in SAFE_METHODS:
+            reason = foreign_origin(scope)
+            if reason is not None:
+                await PlainTextResponse(reason, status_code=403)(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -13,7 +13,9 @@ WITH names AS (
     UNION SELECT unnest(queues) FROM awa.runtimes WHERE heartbeat_at > now() - stale_after
 ), workers AS (
     SELECT q.queue, count(*) AS workers,
-           COALESCE(sum((r.concurrency ->> q.queue)::int), 0) AS slots
+           -- Written by workers as numbers; any other stored value counts as none.
+           COALESCE(sum(CASE WHEN jsonb_typeof(r.concurrency -> q.queue) = 'number'
+                             THEN (r.concurrency ->> q.queue)::numeric END), 0) AS slots
     FROM awa.runtimes AS r
     CROSS JOIN LATERAL unnest(r.queues) AS q(queue)
     WHERE r.heartbeat_at > now() - r.stale_after

@@ -1,4 +1,5 @@
-// awa operator UI: small enhancements; every page works without them.
+// awa operator UI: small enhancements; every page works without them. The pages carry no
+// inline script or style (their Content-Security-Policy forbids it): behaviour lives here.
 "use strict";
 
 // Pages with a [data-refresh] block re-read themselves every few seconds.
@@ -34,6 +35,10 @@ document.addEventListener("DOMContentLoaded", () => {
   document.querySelectorAll("[data-refresh]").forEach(keepFresh);
   document.querySelectorAll("[data-live-url]").forEach((node) => {
     if (!["completed", "failed", "cancelled"].includes(node.dataset.state)) followJob(node);
+  });
+  // A workflow's steps are indented by depth (set here: the policy allows no inline style).
+  document.querySelectorAll("[data-depth]").forEach((item) => {
+    item.style.marginLeft = `${(parseInt(item.dataset.depth, 10) || 0) * 1.5}rem`;
   });
   document.querySelectorAll("[data-select-all]").forEach((box) => {
     box.addEventListener("change", () => {
