@@ -506,7 +506,8 @@ def _http_errors(routes: list[Route]) -> dict[Any, Any]:
     served = " and ".join(f"POST {route.path}" for route in routes)
 
     async def not_found(request: Request, error: Exception) -> JSONResponse:
-        return _error(404, f"no callback endpoint at {_shown(request.url.path)}: use {served}")
+        path = _shown(request.url.path, limit=200)
+        return _error(404, f"no callback endpoint at {path}: use {served}")
 
     async def not_allowed(request: Request, error: Exception) -> JSONResponse:
         return JSONResponse(
