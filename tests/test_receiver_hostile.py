@@ -10,6 +10,7 @@ parameter gets its cases beside the others.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import os
@@ -37,6 +38,7 @@ from awa.callbacks.http import (
     create_app,
     sign_request,
 )
+from awa.observability.endpoint import EndpointServer, observability_app
 from helpers_callbacks import insert_parked, receiver_process
 from helpers_worker import row
 from jobs_helpers import Conn
@@ -493,7 +495,9 @@ def request_for(case: Case, scheme: str, cb: str) -> tuple[str, list[tuple[str, 
     return raw_path, headers + list(case.headers)
 
 
-def http_scope(method: str, raw_path: str, headers: list[tuple[str, str]]) -> dict[str, Any]:
+def http_scope(method: str, target: str, headers: list[tuple[str, str]]) -> dict[str, Any]:
+    """The scope uvicorn builds for a request line's target (path and query string)."""
+    raw_path, _, query = target.partition("?")
     return {
         "type": "http",
         "asgi": {"version": "3.0"},
@@ -502,7 +506,7 @@ def http_scope(method: str, raw_path: str, headers: list[tuple[str, str]]) -> di
         "scheme": "http",
         "path": urllib.parse.unquote(raw_path),
         "raw_path": raw_path.encode(),
-        "query_string": b"",
+        "query_string": query.encode(),
         "root_path": "",
         "headers": [(name.lower().encode(), value.encode("latin-1")) for name, value in headers],
         "client": ("127.0.0.1", 50000),
@@ -710,3 +714,87 @@ async def test_an_unsigned_request_is_refused_before_its_body_is_read(
         assert answer.status == 401, answer
         assert answer.read == 0
         assert "missing" in answer.error()
+
+
+# The metrics endpoint -------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    """One request to the metrics endpoint: the target as sent (path and query string)."""
+
+    name: str
+    target: str
+    status: int
+    error: str = ""
+    method: str = "GET"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+NO_QUERY = r"^/(metrics|healthz|readyz) takes no query parameters \(got .+\)$"
+NOT_SERVED = r"^no endpoint at '.*: this app serves GET /metrics, /healthz and /readyz$"
+PROBES = [
+    Probe("a scrape", "/metrics", 200),
+    Probe("liveness", "/healthz", 200),
+    Probe("HEAD of a scrape", "/metrics", 200, method="HEAD"),
+    # query strings
+    Probe("a name filter", "/metrics?name[]=awa_job_claimed_total", 400, NO_QUERY),
+    Probe("a parameter on healthz", "/healthz?verbose=1", 400, NO_QUERY),
+    Probe("a parameter on readyz", "/readyz?full", 400, NO_QUERY),
+    Probe("NUL in a parameter", "/metrics?%00=1", 400, r"\(got '\\x00'\)"),
+    Probe("not UTF-8", "/metrics?%ff%fe", 400, NO_QUERY),
+    Probe("a 10,000-character query", "/metrics?" + LONG, 400, r"\(cut, 10000 characters\)"),
+    Probe("many parameters", "/metrics?" + "&".join(f"p{n}=1" for n in range(1000)), 400, NO_QUERY),
+    # paths
+    Probe("an unknown path", "/admin", 404, NOT_SERVED),
+    Probe("dot-dot", "/metrics/../admin", 404, NOT_SERVED),
+    Probe("encoded dot-dot", "/%2e%2e/metrics", 404, NOT_SERVED),
+    Probe("an encoded slash", "/metrics%2Fextra", 404, NOT_SERVED),
+    Probe("NUL in the path", "/metrics%00", 404, NOT_SERVED),
+    Probe("a 10,000-character path", "/" + LONG, 404, r"\(cut, 10001 characters\): this app"),
+    # methods
+    *(
+        Probe(
+            f"{method} {path}",
+            path,
+            405,
+            f"^method '{method}' is not allowed: this app serves GET /metrics, /healthz",
+            method,
+        )
+        for method in ("POST", "PUT", "DELETE", "PATCH", "OPTIONS")
+        for path in ("/metrics", "/readyz")
+    ),
+]
+
+
+def check_probe(probe: Probe, answer: Answer) -> None:
+    assert answer.status == probe.status, (str(probe), answer.status, answer.body[:300])
+    if probe.error:
+        error = answer.error()
+        assert re.search(probe.error, error), (str(probe), error[:300])
+        assert len(error) < 400, (str(probe), "the error repeats the hostile input")
+
+
+@pytest.mark.parametrize("probe", PROBES, ids=str)
+async def test_the_metrics_endpoint_answers_hostile_requests_with_a_clear_4xx(
+    client: awa.AsyncClient, probe: Probe
+) -> None:
+    answer = await call_asgi(observability_app(client), probe.method, probe.target, [])
+    check_probe(probe, answer)
+
+
+async def test_the_metrics_endpoint_served_on_a_socket(client: awa.AsyncClient) -> None:
+    """The same requests to the endpoint as ``awa worker --metrics-port`` serves it."""
+    server = EndpointServer(client, "127.0.0.1", 0)
+    server.start()
+    base = f"http://127.0.0.1:{server.port}"
+    try:
+        for probe in PROBES:
+            if probe.method == "HEAD":
+                continue  # no body to read the answer's length from
+            answer = await asyncio.to_thread(call_wire, base, probe.method, probe.target, [], b"")
+            check_probe(probe, answer)
+    finally:
+        await server.stop()
