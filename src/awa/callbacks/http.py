@@ -389,9 +389,7 @@ def _declared_length(request: Request) -> int | JSONResponse | None:
     if any(other.strip() != text for other in values[1:]):
         return _error(400, "the request has conflicting Content-Length headers")
     if not (text.isascii() and text.isdigit()):
-        return _error(
-            400, f"Content-Length must be a whole number of bytes, not {_shown(text)}"
-        )
+        return _error(400, f"Content-Length must be a whole number of bytes, not {_shown(text)}")
     if len(text) > len(str(MAX_BODY_BYTES)) or int(text) > MAX_BODY_BYTES:
         shown = text if len(text) <= 30 else f"a {len(text)}-digit number of"
         return _too_large(
@@ -526,9 +524,7 @@ def _receiver(
         callback_id = request.path_params["callback_id"]
         action = request.path_params["action"]
         if action not in _ACTIONS:
-            return _error(
-                404, f"unknown action {_shown(action)}: use one of {', '.join(_ACTIONS)}"
-            )
+            return _error(404, f"unknown action {_shown(action)}: use one of {', '.join(_ACTIONS)}")
         signed = SIGNATURE_HEADER in request.headers or TIMESTAMP_HEADER in request.headers
         key = secret if signed or not allow_unsigned else None
         if key is not None:
