@@ -29,6 +29,7 @@ from awa.observability import metrics
 from awa.schedules import CronTimes, PeriodicJob, due_fires, failure_text
 from awa.sql import query
 from awa.worker.maintenance import Duty
+from awa.worker.outage import one_line
 
 log = logging.getLogger("awa.maintenance")
 
@@ -94,11 +95,19 @@ def cron_duty(interval: float) -> Duty:
             except Exception as error:  # anything stored: this schedule only
                 if conn.closed:
                     raise
-                failures.failed(schedule["name"], failure_text(error))
+                failures.failed(schedule["name"], _describe(error))
             else:
                 failures.succeeded(schedule["name"])
 
     return Duty("cron", interval, evaluate)
+
+
+def _describe(error: Exception) -> str:
+    """The failure on one line, the same at every tick while the cause stays."""
+    if isinstance(error, psycopg.Error) and error.diag.message_primary:
+        # Without its detail, which names the refused row (a new job id at every tick).
+        return f"{type(error).__name__}: {error.diag.message_primary}"
+    return one_line(failure_text(error))
 
 
 async def _fire_due(conn: psycopg.AsyncConnection[Any], schedule: dict[str, Any]) -> None:
