@@ -25,8 +25,10 @@ from click.testing import CliRunner
 import awa
 from awa.cli import main
 from awa.db import connection_kwargs
+from awa.ui import create_app as create_ui_app
 from awa.worker.cron import cron_duty
 from helpers_lifecycle import Counters, metric_reader
+from helpers_ui import browse, text
 from helpers_worker import queue, start, wait_for
 from jobs_helpers import Conn
 
@@ -352,3 +354,15 @@ async def test_a_fire_the_database_refuses_rolls_back_that_schedule_only(
     assert "CheckViolation" in logged
     assert "jobs_args_object" in logged
     assert counted.delta() == 2
+
+
+async def test_the_schedules_page_marks_a_schedule_that_cannot_fire(
+    client: awa.AsyncClient, conn: Conn
+) -> None:
+    store_broken(conn)
+    async with browse(create_ui_app(client)) as http:
+        page = await http.get("/schedules")
+    assert page.status_code == 200, page.text
+    shown = text(page)
+    for _name, (_expression, _zone, error) in BROKEN.items():
+        assert f"cannot fire {error}" in shown, shown
