@@ -379,9 +379,9 @@ def _too_large(message: str) -> JSONResponse:
     )
 
 
-def _declared_length(request: Request) -> int | JSONResponse | None:
-    """The body's Content-Length, or the answer refusing it: 400 when it is not a whole
-    number of bytes, 413 when it is over the limit."""
+def _refuse_declared_length(request: Request) -> JSONResponse | None:
+    """The answer refusing the request's Content-Length, if it must be: 400 when it is not
+    a whole number of bytes, 413 when it is over the limit."""
     values = request.headers.getlist("content-length")
     if not values:
         return None
@@ -395,16 +395,16 @@ def _declared_length(request: Request) -> int | JSONResponse | None:
         return _too_large(
             f"the body is declared as {shown} bytes; the limit is {MAX_BODY_BYTES} bytes"
         )
-    return int(text)
+    return None
 
 
 async def _read_body(request: Request) -> bytes | JSONResponse:
     """The request's body, read as it arrives and never beyond ``MAX_BODY_BYTES``: a
     declared length over the limit is refused before reading, an undeclared (chunked) body
     as soon as it passes the limit."""
-    declared = _declared_length(request)
-    if isinstance(declared, JSONResponse):
-        return declared
+    refused = _refuse_declared_length(request)
+    if refused is not None:
+        return refused
     received = bytearray()
     try:
         async for chunk in request.stream():
