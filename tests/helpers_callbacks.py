@@ -123,6 +123,16 @@ def serving_receiver(
     """Run ``awa <group> serve`` on a free port until the block ends (``group="callbacks"``:
     the deprecated spelling); waits, with a deadline, until it accepts connections and
     yields its base URL."""
+    with receiver_process(env, *args, cwd=cwd, group=group) as (base, _process):
+        yield base
+
+
+@contextlib.contextmanager
+def receiver_process(
+    env: dict[str, str], *args: str, cwd: Path | None = None, group: str = "callback"
+) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """``serving_receiver``, yielding the process beside the base URL (to read its memory
+    from /proc, say)."""
     port = free_port()
     awa_command = Path(sys.executable).with_name("awa")  # the console script
     command = [str(awa_command), group, "serve", "--port", str(port), *args]
@@ -138,7 +148,7 @@ def serving_receiver(
                 output = process.stdout.read() if process.stdout else ""
                 raise AssertionError(f"the receiver did not start: {output}")
             time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}", process
     finally:
         process.terminate()
         try:

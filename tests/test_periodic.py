@@ -86,6 +86,10 @@ def reports(client: awa.AsyncClient) -> None:
     [
         ({"cron_expr": "61 * * * *"}, "invalid cron expression"),
         ({"cron_expr": "* * *"}, "invalid cron expression"),
+        (
+            {"cron_expr": "0 0 30 2 *"},
+            r"^periodic job 'nightly': cron expression '0 0 30 2 \*' never",
+        ),
         ({"timezone": "Nowhere/Land"}, "invalid timezone"),
         ({"missed_fire_policy": "sometimes"}, "invalid cron missed fire policy"),
         ({"priority": 9}, "priority must be between 1 and 4"),

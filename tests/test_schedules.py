@@ -5,12 +5,21 @@ Europe/Berlin (2026-03-29 02:00 CET -> 03:00 CEST, 2026-10-25 03:00 CEST -> 02:0
 from __future__ import annotations
 
 import datetime as dt
+import re
 import zoneinfo
 
 import pytest
 
 import awa
-from awa.schedules import MAX_CATCH_UP, CronTimes, check_cron, check_policy, due_fires
+from awa.schedules import (
+    MAX_CATCH_UP,
+    CronTimes,
+    check_cron,
+    check_policy,
+    check_timezone,
+    due_fires,
+    next_fire_of,
+)
 
 BERLIN = zoneinfo.ZoneInfo("Europe/Berlin")
 
@@ -49,6 +58,37 @@ def test_invalid_zone_and_policy() -> None:
         CronTimes.of("* * * * *", "Mars/Olympus")
     with pytest.raises(awa.ValidationError, match="invalid cron missed fire policy 'sometimes'"):
         check_policy("sometimes")
+
+
+@pytest.mark.parametrize("expression", ["0 0 30 2 *", "0 0 31 4 *", "0 0 0 31 2,4,6 *"])
+def test_an_expression_that_never_fires(expression: str) -> None:
+    """Valid fields, but no date matches them: every way of asking for a fire says so with
+    a ValidationError naming the expression (croniter's own error never escapes)."""
+    times = CronTimes.of(expression, "UTC")
+    never = f"cron expression '{expression}' never fires: no time in the next 50 years"
+    start, now = utc(2026, 1, 1, 0, 0), utc(2026, 6, 1, 0, 0)
+    with pytest.raises(awa.ValidationError, match=re.escape(never)):
+        times.first_fire(start)
+    with pytest.raises(awa.ValidationError, match=re.escape(never)):
+        next_fire_of(expression, "UTC", start)
+    for policy in ("coalesce", "catch_up"):
+        with pytest.raises(awa.ValidationError, match=re.escape(never)):
+            due_fires(times, policy, start, now)
+
+
+def test_rare_fires_are_found() -> None:
+    assert next_fire_of("0 0 29 2 *", "UTC", utc(2026, 1, 1)) == utc(2028, 2, 29)
+    # The fifth Monday of February: a 29 February that falls on a Monday.
+    assert next_fire_of("0 0 * 2 1#5", "UTC", utc(2026, 1, 1)) == utc(2044, 2, 29)
+
+
+@pytest.mark.parametrize(
+    "name", ["posix/UTC", "right/UTC", "/etc/localtime", "../UTC", "UTC\x00", "utc", "Z" * 500]
+)
+def test_only_iana_names_are_zones(name: str) -> None:
+    with pytest.raises(awa.ValidationError, match="is not a known IANA time zone"):
+        check_timezone(name)
+    assert check_timezone("Europe/Berlin").key == "Europe/Berlin"
 
 
 def test_five_and_six_fields() -> None:

@@ -92,8 +92,12 @@ def sign(secret: Secret, callback_id: CallbackId) -> str:
 
 def verify(secret: Secret, callback_id: CallbackId, signature: str) -> bool:
     """Whether ``signature`` signs ``callback_id`` under ``secret``: 64 hex digits (either
-    case) equal to the keyed hash, compared in constant time. Malformed hex is False."""
-    expected = _digest(secret, callback_id)
+    case) equal to the keyed hash, compared in constant time. Malformed hex, and an id
+    that has no UTF-8 form, are False."""
+    try:
+        expected = _digest(secret, callback_id)
+    except UnicodeEncodeError:
+        return False  # a lone surrogate: no UTF-8 form, so nothing can have signed it
     if not isinstance(signature, str) or _SIGNATURE.fullmatch(signature) is None:
         return False
     return hmac.compare_digest(expected, bytes.fromhex(signature))

@@ -13,16 +13,18 @@ import datetime as dt
 from typing import Any
 
 from awa.db import Statement, operation
-from awa.errors import ValidationError
 from awa.model import JobRow, MappingAccess, check_name
-from awa.schedules import CronTimes
+from awa.schedules import failure_text, next_fire_of
 from awa.sql import query
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class CronJob(MappingAccess):
     """A stored schedule. ``next_fire_at`` is its next fire after now (None while paused,
-    or when its expression cannot be evaluated here); ``last_enqueued_at`` its last fire."""
+    or when it cannot fire); ``last_enqueued_at`` its last fire. ``error`` says why the
+    schedule cannot fire (an expression or zone stored by another version or by hand that
+    this version refuses, an expression that never fires, a zone this system lacks), else
+    None: the leader skips such a schedule and fires the others."""
 
     name: str
     cron_expr: str
@@ -41,28 +43,31 @@ class CronJob(MappingAccess):
     paused_at: dt.datetime | None
     paused_by: str | None
     next_fire_at: dt.datetime | None
+    error: str | None = None
 
     @property
     def paused(self) -> bool:
         return self.paused_at is not None
 
 
-_FIELDS = tuple(field.name for field in dataclasses.fields(CronJob) if field.name != "next_fire_at")
+_COMPUTED = ("next_fire_at", "error")
+_FIELDS = tuple(field.name for field in dataclasses.fields(CronJob) if field.name not in _COMPUTED)
 
 
 def _cron_jobs(rows: list[dict[str, Any]]) -> list[CronJob]:
     found = []
     for row in rows:
-        next_fire = None
-        if row["paused_at"] is None:
-            try:
-                times = CronTimes.of(row["cron_expr"], row["timezone"])
-            except ValidationError:
-                times = None
-            if times is not None:
-                last = row["last_enqueued_at"] or row["created_at"]
-                next_fire = times.next_fire(max(last, row["now"]))
-        found.append(CronJob(**{name: row[name] for name in _FIELDS}, next_fire_at=next_fire))
+        next_fire = error = None
+        last = row["last_enqueued_at"] or row["created_at"]
+        try:
+            # A paused schedule is checked too: resuming it should not be the surprise.
+            fire = next_fire_of(row["cron_expr"], row["timezone"], max(last, row["now"]))
+        except Exception as failure:  # whatever was stored: one row never hides the others
+            error = failure_text(failure)
+        else:
+            next_fire = fire if row["paused_at"] is None else None
+        values = {name: row[name] for name in _FIELDS}
+        found.append(CronJob(**values, next_fire_at=next_fire, error=error))
     return found
 
 

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import zoneinfo
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from croniter import croniter
+from croniter import CroniterBadDateError, CroniterError, croniter
 
 from awa.errors import ValidationError
 from awa.insert import InsertRules, PreparedJob, prepare_job
@@ -38,6 +39,13 @@ MISSED_FIRE_POLICIES = ("coalesce", "catch_up")
 MAX_CATCH_UP = 1000
 """Missed fires one evaluation enqueues at most (the next evaluation goes on)."""
 
+MAX_CRON_LENGTH = 500
+"""Characters a cron expression may have."""
+
+FIRE_SEARCH_YEARS = 50
+"""How far ahead croniter looks for a fire before it gives up (its own bound)."""
+
+
 _ALIASES = frozenset(
     {"@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly"}
 )
@@ -47,7 +55,14 @@ def check_cron(expression: object) -> str:
     """The expression, stripped; ValidationError naming it when it is not a valid 5-field or
     6-field (seconds first) cron expression or alias."""
     if not isinstance(expression, str) or not expression.strip():
-        raise ValidationError(f"invalid cron expression: {expression!r} (expected a string)")
+        raise ValidationError(
+            f"invalid cron expression: {_shown(expression)} (expected a non-empty string)"
+        )
+    if len(expression) > MAX_CRON_LENGTH:
+        raise ValidationError(
+            f"invalid cron expression: {_shown(expression)} is {len(expression)} characters "
+            f"long; the limit is {MAX_CRON_LENGTH}"
+        )
     text = " ".join(expression.split())
     fields = text.split(" ")
     if len(fields) == 1 and text.lower() in _ALIASES:
@@ -64,14 +79,34 @@ def check_cron(expression: object) -> str:
 
 
 def check_timezone(name: object) -> zoneinfo.ZoneInfo:
+    """The zone of an IANA name (one of ``zoneinfo.available_timezones()``: not a file
+    path, nor ``posix/...`` or ``right/...``); ValidationError naming it otherwise."""
     if not isinstance(name, str) or not name:
-        raise ValidationError(f"invalid timezone: {name!r} (expected an IANA name such as UTC)")
+        raise ValidationError(
+            f"invalid timezone: {_shown(name)} (expected an IANA name such as UTC)"
+        )
+    if name not in _iana_names():
+        raise ValidationError(
+            f"invalid timezone: {_shown(name)} is not a known IANA time zone "
+            "(e.g. UTC, Europe/Berlin)"
+        )
     try:
         return zoneinfo.ZoneInfo(name)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError) as error:
         raise ValidationError(
-            f"invalid timezone: {name!r} is not a known IANA time zone (e.g. UTC, Europe/Berlin)"
+            f"invalid timezone: {_shown(name)} cannot be loaded ({error})"
         ) from None
+
+
+@functools.cache
+def _iana_names() -> frozenset[str]:
+    return frozenset(zoneinfo.available_timezones())
+
+
+def _shown(value: object, limit: int = 80) -> str:
+    """``repr(value)``, cut to ``limit`` characters so that an error stays readable."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... (cut)"
 
 
 def check_policy(policy: object) -> str:
@@ -92,6 +127,24 @@ class CronTimes:
     @classmethod
     def of(cls, expression: str, timezone: str) -> CronTimes:
         return cls(check_cron(expression), check_timezone(timezone))
+
+    def first_fire(self, after: dt.datetime) -> dt.datetime:
+        """``next_fire(after)``, or ValidationError when the expression never fires: no
+        time in the next ``FIRE_SEARCH_YEARS`` years matches it (30 February, 31 April)."""
+        try:
+            return self.next_fire(after)
+        except CroniterError as error:
+            raise self.no_fire(error) from None
+
+    def no_fire(self, error: CroniterError) -> ValidationError:
+        """The ValidationError saying why croniter found no fire."""
+        if isinstance(error, CroniterBadDateError):
+            return ValidationError(
+                f"cron expression {self.expression!r} never fires: no time in the next "
+                f"{FIRE_SEARCH_YEARS} years matches it (such as a day its months do not have: "
+                "30 February, 31 April)"
+            )
+        return ValidationError(f"cron expression {self.expression!r} cannot be evaluated: {error}")
 
     def _iterate(self, start: dt.datetime, *, backwards: bool = False) -> croniter:
         seconds = len(self.expression.split(" ")) == 6
@@ -162,21 +215,38 @@ class CronTimes:
                 return fire
 
 
+def next_fire_of(expression: str, timezone: str, after: dt.datetime) -> dt.datetime:
+    """The first fire after ``after`` of a stored schedule; ValidationError says why there is
+    none (an expression or zone this version refuses, one that never fires)."""
+    return CronTimes.of(expression, timezone).first_fire(after)
+
+
+def failure_text(error: Exception) -> str:
+    """Why a stored schedule cannot fire, in one line: a ValidationError's own words, any
+    other error (a stored value no check foresaw) with its type."""
+    if isinstance(error, ValidationError):
+        return str(error)
+    return f"{type(error).__name__}: {error}"
+
+
 def due_fires(
     times: CronTimes, policy: str, after: dt.datetime, now: dt.datetime
 ) -> list[dt.datetime]:
     """The fires to enqueue now, of a schedule last fired (or registered) at ``after``:
     with ``coalesce`` the latest one due, with ``catch_up`` every one due, at most
-    ``MAX_CATCH_UP``."""
-    if policy == "coalesce":
-        latest = times.latest_fire(after, now)
-        return [latest] if latest is not None else []
-    due = []
-    for fire in times.fires(after, now):
-        due.append(fire)
-        if len(due) >= MAX_CATCH_UP:
-            break
-    return due
+    ``MAX_CATCH_UP``. ValidationError when the expression never fires."""
+    try:
+        if policy == "coalesce":
+            latest = times.latest_fire(after, now)
+            return [latest] if latest is not None else []
+        due = []
+        for fire in times.fires(after, now):
+            due.append(fire)
+            if len(due) >= MAX_CATCH_UP:
+                break
+        return due
+    except CroniterError as error:
+        raise times.no_fire(error) from None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -226,25 +296,41 @@ def define_periodic(
     missed_fire_policy: str,
     rules: InsertRules,
 ) -> PeriodicJob:
-    """Validate a ``periodic()`` declaration; ValidationError names what is wrong."""
+    """Validate a ``periodic()`` declaration; ValidationError names the schedule and what
+    is wrong with it."""
     check_name("periodic job name", name)
-    times = CronTimes.of(cron_expr, timezone)
-    policy = check_policy(missed_fire_policy)
-    if args_type is not None and not isinstance(args, args_type):
-        raise ValidationError(
-            f"periodic job {name!r}: args must be an instance of {args_type.__name__}, not "
-            f"{type(args).__name__}"
-        )
-    kind = derive_kind(args_type.__name__) if isinstance(args_type, type) else None
-    opts = InsertOpts(
-        queue=queue,
-        priority=priority,
-        max_attempts=max_attempts,
-        tags=tuple(tags or ()),
-        metadata=metadata,
-    )
     try:
-        job = prepare_job(args, kind=kind, opts=opts, rules=rules)
+        times = CronTimes.of(cron_expr, timezone)
+        times.first_fire(dt.datetime.now(dt.UTC))
+        policy = check_policy(missed_fire_policy)
+        opts = InsertOpts(
+            queue=queue,
+            priority=priority,
+            max_attempts=max_attempts,
+            tags=_tags(tags),
+            metadata=metadata,
+        )
+        job = prepare_job(args, kind=_kind(args_type, args), opts=opts, rules=rules)
     except ValidationError as error:
         raise ValidationError(f"periodic job {name!r}: {error}") from None
     return PeriodicJob(name, times, policy, job, queue)
+
+
+def _kind(args_type: object, args: object) -> str | None:
+    if args_type is None:
+        return None
+    if not isinstance(args_type, type):
+        raise ValidationError(f"args_type must be a class, not {_shown(args_type)}")
+    if not isinstance(args, args_type):
+        raise ValidationError(
+            f"args must be an instance of {args_type.__name__}, not {type(args).__name__}"
+        )
+    return derive_kind(args_type.__name__)
+
+
+def _tags(tags: object) -> tuple[str, ...]:
+    if tags is None:
+        return ()
+    if isinstance(tags, str | bytes) or not isinstance(tags, Iterable):
+        raise ValidationError(f"tags must be a list of strings, not {type(tags).__name__}")
+    return tuple(tags)  # each is checked as an insert's tags are

@@ -11,8 +11,11 @@ Endpoints (``POST``, JSON bodies, every field optional unless noted)::
     /callbacks/{id}/heartbeat  {"timeout_seconds": 3600}
 
 Responses are JSON: the job's id and state after the transition (``resolve`` adds its
-``outcome``); 404 when no job holds the callback, 400 for bad input, 401 for a missing or
-bad signature, 500 when a follow-up failed (the resolution was rolled back: send again).
+``outcome``); 404 when no job holds the callback (or no route has the path), 400 for bad
+input, 401 for a missing or bad signature, 405 for a method other than POST, 413 for a body
+over ``MAX_BODY_BYTES`` (refused without reading it: a declared length over the limit
+before the first byte, a chunked body as it passes the limit), 500 when a follow-up failed
+(the resolution was rolled back: send again). Errors are ``{"error": "what is wrong"}``.
 
 Requests are signed with a shared secret: HMAC-SHA256 over
 ``timestamp + "." + METHOD + " " + path + "." + body``, sent as ``X-Awa-Timestamp`` (Unix
@@ -41,12 +44,12 @@ from typing import Any
 
 import orjson
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from awa import callback_contract
-from awa.callbacks import ResolveResult
+from awa.callbacks import ResolveResult, callback_uuid
 from awa.callbacks.resolution import CallbackResolution
 from awa.errors import CallbackNotFound, DatabaseError, ValidationError
 from awa.lifecycle.followups import FollowUpError
@@ -68,6 +71,8 @@ TIMESTAMP_HEADER = "X-Awa-Timestamp"
 MAX_SKEW_SECONDS = 300
 """Signed requests whose timestamp is further than this from the server's clock are refused."""
 MAX_BODY_BYTES = 1024 * 1024
+"""Largest request body, in bytes: a larger one is refused (413) without being read."""
+MAX_BIGINT = 2**63 - 1
 MAX_BODY_DEPTH = 64
 """Deepest nesting of arrays and objects a request body may have (payloads are stored as
 jsonb and may go through CEL; nothing legitimate nests this deep)."""
@@ -87,7 +92,9 @@ def _key(secret: Secret) -> bytes:
 
 
 def _signed_bytes(timestamp: str, method: str, path: str, body: bytes) -> bytes:
-    return f"{timestamp}.{method.upper()} {path}.".encode() + body
+    # surrogatepass: a path holding a lone surrogate gets bytes (that no sender signed)
+    # instead of an encoding error.
+    return f"{timestamp}.{method.upper()} {path}.".encode("utf-8", "surrogatepass") + body
 
 
 def _digest(secret: Secret, timestamp: str, method: str, path: str, body: bytes) -> str:
@@ -123,25 +130,30 @@ def verify_signature(
     now: float | None = None,
 ) -> None:
     """Raise SignatureError unless ``headers`` carry a valid, fresh signature."""
+    stamp, hex_digest = _signature_headers(headers, now)
+    expected = _digest(secret, stamp, method, path, body)
+    if not hmac.compare_digest(expected, hex_digest.strip().lower()):
+        raise SignatureError("signature does not match")
+
+
+def _signature_headers(headers: Mapping[str, str], now: float | None = None) -> tuple[str, str]:
+    """The timestamp and the hex digest of a request's signature headers, checked for
+    presence, form and freshness (what can be checked before the body is read)."""
     stamp = headers.get(TIMESTAMP_HEADER) or headers.get(TIMESTAMP_HEADER.lower())
     signature = headers.get(SIGNATURE_HEADER) or headers.get(SIGNATURE_HEADER.lower())
     if not stamp or not signature:
         raise SignatureError(f"missing {TIMESTAMP_HEADER} or {SIGNATURE_HEADER} header")
-    try:
-        sent_at = int(stamp)
-    except ValueError:
-        raise SignatureError(f"{TIMESTAMP_HEADER} must be Unix seconds") from None
+    if not (stamp.isascii() and stamp.isdigit() and len(stamp) <= 12):
+        raise SignatureError(f"{TIMESTAMP_HEADER} must be Unix seconds")
     current = time.time() if now is None else now
-    if abs(current - sent_at) > MAX_SKEW_SECONDS:
+    if abs(current - int(stamp)) > MAX_SKEW_SECONDS:
         raise SignatureError(
             f"{TIMESTAMP_HEADER} is more than {MAX_SKEW_SECONDS} seconds from the server's clock"
         )
     scheme, _, hex_digest = signature.partition("=")
     if scheme != "sha256" or not hex_digest:
         raise SignatureError(f"{SIGNATURE_HEADER} must be sha256=<hex digest>")
-    expected = _digest(secret, stamp, method, path, body)
-    if not hmac.compare_digest(expected, hex_digest.strip().lower()):
-        raise SignatureError("signature does not match")
+    return stamp, hex_digest
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -247,7 +259,10 @@ def _load_body(raw: bytes) -> dict[str, Any]:
         # until RecursionError, a 500).
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as error:
-        raise ValidationError(f"the body is not valid JSON: {error}") from None
+        hint = ""
+        if b"NaN" in raw or b"Infinity" in raw or "infinity" in str(error):
+            hint = " (NaN and infinities are not JSON numbers)"
+        raise ValidationError(f"the body is not valid JSON{hint}: {error}") from None
     if _nesting_depth(body, MAX_BODY_DEPTH) > MAX_BODY_DEPTH:
         raise ValidationError(f"the body nests arrays and objects deeper than {MAX_BODY_DEPTH}")
     if not isinstance(body, dict):
@@ -260,8 +275,44 @@ def _parse_body(raw: bytes, action: str) -> dict[str, Any]:
     unknown = sorted(set(body) - _FIELDS[action])
     if unknown:
         allowed = ", ".join(sorted(_FIELDS[action])) or "nothing"
-        raise ValidationError(f"{action} does not take {', '.join(unknown)} (it takes {allowed})")
+        shown = ", ".join(_shown(name) for name in unknown[:5])
+        raise ValidationError(f"{action} does not take {shown} (it takes {allowed})")
+    _check_run_lease(body.get("run_lease"))
     return body
+
+
+def _check_run_lease(run_lease: object) -> None:
+    """A run_lease is a bigint counter of claims: a whole number from 0 up."""
+    if run_lease is None:
+        return
+    if isinstance(run_lease, bool) or not isinstance(run_lease, int):
+        raise ValidationError(
+            f"run_lease must be a whole number, not {type(run_lease).__name__} "
+            f"({_shown(run_lease)})"
+        )
+    if not 0 <= run_lease <= MAX_BIGINT:
+        raise ValidationError(
+            f"run_lease must be between 0 and {MAX_BIGINT}, got {_shown(run_lease)}"
+        )
+
+
+def _shown(value: object, limit: int = 60) -> str:
+    """``repr(value)``, cut to ``limit`` characters (with the full length) so that a hostile
+    input does not fill the answer."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    length = f", {len(value)} characters" if isinstance(value, str) else ""
+    return f"{text[:limit]}... (cut{length})"
+
+
+def _callback_id(text: str) -> str:
+    """The callback id of a path, checked before anything reaches the database."""
+    if len(text) > 64:
+        raise ValidationError(
+            f"callback id is not a UUID: it is {len(text)} characters long (a UUID has 36)"
+        )
+    return callback_uuid(text)
 
 
 # The reference's contract -------------------------------------------------------------------
@@ -318,14 +369,51 @@ async def _answer(action: str, run: Callable[[], Awaitable[JSONResponse]]) -> JS
         return _error(503, str(error))
 
 
+def _too_large(message: str) -> JSONResponse:
+    # Connection: close makes the server drop the connection instead of reading (and
+    # discarding) the rest of the body.
+    return JSONResponse(
+        {"error": message},
+        status_code=413,
+        headers={"Connection": "close"},
+    )
+
+
+def _refuse_declared_length(request: Request) -> JSONResponse | None:
+    """The answer refusing the request's Content-Length, if it must be: 400 when it is not
+    a whole number of bytes, 413 when it is over the limit."""
+    values = request.headers.getlist("content-length")
+    if not values:
+        return None
+    text = values[0].strip()
+    if any(other.strip() != text for other in values[1:]):
+        return _error(400, "the request has conflicting Content-Length headers")
+    if not (text.isascii() and text.isdigit()):
+        return _error(400, f"Content-Length must be a whole number of bytes, not {_shown(text)}")
+    if len(text) > len(str(MAX_BODY_BYTES)) or int(text) > MAX_BODY_BYTES:
+        shown = text if len(text) <= 30 else f"a {len(text)}-digit number of"
+        return _too_large(
+            f"the body is declared as {shown} bytes; the limit is {MAX_BODY_BYTES} bytes"
+        )
+    return None
+
+
 async def _read_body(request: Request) -> bytes | JSONResponse:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        return _error(413, f"the body is larger than {MAX_BODY_BYTES} bytes")
-    raw = await request.body()
-    if len(raw) > MAX_BODY_BYTES:
-        return _error(413, f"the body is larger than {MAX_BODY_BYTES} bytes")
-    return raw
+    """The request's body, read as it arrives and never beyond ``MAX_BODY_BYTES``: a
+    declared length over the limit is refused before reading, an undeclared (chunked) body
+    as soon as it passes the limit."""
+    refused = _refuse_declared_length(request)
+    if refused is not None:
+        return refused
+    received = bytearray()
+    try:
+        async for chunk in request.stream():
+            received += chunk
+            if len(received) > MAX_BODY_BYTES:
+                return _too_large(f"the body is larger than the limit of {MAX_BODY_BYTES} bytes")
+    except ClientDisconnect:
+        return _error(400, "the client disconnected before the end of the body")
+    return bytes(received)
 
 
 def _contract_route(client: CallbackResolution, secret: bytes, prefix: str) -> Route:
@@ -333,8 +421,11 @@ def _contract_route(client: CallbackResolution, secret: bytes, prefix: str) -> R
         callback_id = request.path_params["callback_id"]
         action = request.path_params["action"]
         if action not in _CONTRACT_ACTIONS:
-            return _error(404, f"unknown action {action!r}: use one of complete, fail, heartbeat")
-        # The signature first: an unsigned sender learns nothing, not even a bad body.
+            return _error(
+                404, f"unknown action {_shown(action)}: use one of complete, fail, heartbeat"
+            )
+        # The signature first: an unsigned sender learns nothing, not even a bad body. It
+        # covers the id only, so it is checked before the body is read.
         signature = request.headers.get(callback_contract.SIGNATURE_HEADER)
         if signature is None:
             return _error(401, f"missing {callback_contract.SIGNATURE_HEADER} header")
@@ -345,7 +436,8 @@ def _contract_route(client: CallbackResolution, secret: bytes, prefix: str) -> R
             return raw
 
         async def run() -> JSONResponse:
-            job = await _CONTRACT_ACTIONS[action](client, callback_id, _load_body(raw))
+            body = _load_body(raw)
+            job = await _CONTRACT_ACTIONS[action](client, _callback_id(callback_id), body)
             return JSONResponse({"id": job.id, "state": _contract_state(job)})
 
         return await _answer(action, run)
@@ -403,7 +495,26 @@ def create_app(
                 f"prefix and contract_prefix are both {prefix or '/'!r}: give them different paths"
             )
         routes.append(_contract_route(client, key, contract_prefix))
-    return Starlette(routes=routes)
+    return Starlette(routes=routes, exception_handlers=_http_errors(routes))
+
+
+def _http_errors(routes: list[Route]) -> dict[Any, Any]:
+    """JSON answers, naming what is wrong, for a path no route serves (404) and a method
+    other than POST (405)."""
+    served = " and ".join(f"POST {route.path}" for route in routes)
+
+    async def not_found(request: Request, error: Exception) -> JSONResponse:
+        path = _shown(request.url.path, limit=200)
+        return _error(404, f"no callback endpoint at {path}: use {served}")
+
+    async def not_allowed(request: Request, error: Exception) -> JSONResponse:
+        return JSONResponse(
+            {"error": f"method {_shown(request.method)} is not allowed: callbacks are POSTed"},
+            status_code=405,
+            headers={"Allow": "POST"},
+        )
+
+    return {404: not_found, 405: not_allowed}
 
 
 def _receiver(
@@ -413,19 +524,28 @@ def _receiver(
         callback_id = request.path_params["callback_id"]
         action = request.path_params["action"]
         if action not in _ACTIONS:
-            return _error(404, f"unknown action {action!r}: use one of {', '.join(_ACTIONS)}")
+            return _error(404, f"unknown action {_shown(action)}: use one of {', '.join(_ACTIONS)}")
+        signed = SIGNATURE_HEADER in request.headers or TIMESTAMP_HEADER in request.headers
+        key = secret if signed or not allow_unsigned else None
+        if key is not None:
+            # What can be checked without the body (presence, form, freshness) is, so that
+            # an unsigned sender never makes the receiver read a body.
+            try:
+                _signature_headers(request.headers)
+            except SignatureError as error:
+                return _error(401, str(error))
         raw = await _read_body(request)
         if isinstance(raw, JSONResponse):
             return raw
-        signed = SIGNATURE_HEADER in request.headers or TIMESTAMP_HEADER in request.headers
-        if secret is not None and (signed or not allow_unsigned):
+        if key is not None:
             try:
-                verify_signature(secret, request.method, request.url.path, raw, request.headers)
+                verify_signature(key, request.method, request.url.path, raw, request.headers)
             except SignatureError as error:
                 return _error(401, str(error))
 
         async def run() -> JSONResponse:
-            answer = await _ACTIONS[action](client, callback_id, _parse_body(raw, action))
+            cb = _callback_id(callback_id)
+            answer = await _ACTIONS[action](client, cb, _parse_body(raw, action))
             return JSONResponse({"callback_id": callback_id, "action": action, **answer})
 
         return await _answer(action, run)

@@ -23,7 +23,9 @@ def cron() -> None:
 @json_option
 @pass_client
 def list_schedules(client: awa.Client, as_json: bool) -> None:
-    """Every stored schedule: expression, zone, next and last fire, paused or not."""
+    """Every stored schedule: expression, zone, next and last fire, paused or not, and
+    why it cannot fire (ERROR: an expression or zone this version refuses, or one that
+    never fires; the leader skips it and fires the others)."""
     schedules = client.list_cron_jobs()
     if as_json:
         print_json(schedules)
@@ -31,7 +33,8 @@ def list_schedules(client: awa.Client, as_json: bool) -> None:
     if not schedules:
         click.echo("no periodic jobs (declare them with client.periodic())")
         return
-    headers = ["NAME", "CRON", "TIMEZONE", "KIND", "QUEUE", "NEXT FIRE", "LAST FIRE", "PAUSED"]
+    headers = ["NAME", "CRON", "TIMEZONE", "KIND", "QUEUE", "NEXT FIRE", "LAST FIRE"]
+    headers += ["PAUSED", "ERROR"]
     rows = [
         [
             entry.name,
@@ -44,6 +47,7 @@ def list_schedules(client: awa.Client, as_json: bool) -> None:
             f"yes (by {entry.paused_by})"
             if entry.paused and entry.paused_by
             else ("yes" if entry.paused else "no"),
+            entry.error,
         ]
         for entry in schedules
     ]

@@ -8,6 +8,10 @@ exporter: ``install_prometheus()`` gives the process an SDK ``MeterProvider`` wi
 ``prometheus_client``'s registry. Queue gauges come from the leader's last sample; the
 endpoint reads it before answering when no worker in this process keeps it fresh.
 
+Each endpoint answers GET (and HEAD) without query parameters; anything else gets a JSON
+``{"error": ...}`` naming what is wrong: 400 a query string, 404 another path, 405 another
+method.
+
 ``/readyz`` answers 200 when ``health_check(queues=False)`` finds the process healthy
 (database reachable and migrated, a maintenance leader, this worker's listener and
 heartbeat alive), else 503; both bodies are the findings as JSON.
@@ -20,7 +24,7 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
@@ -98,11 +102,52 @@ def observability_app(
 
     return Starlette(
         routes=[
-            Route("/metrics", scrape, methods=["GET"]),
-            Route("/healthz", alive, methods=["GET"]),
-            Route("/readyz", ready, methods=["GET"]),
-        ]
+            Route("/metrics", _no_query(scrape), methods=["GET"]),
+            Route("/healthz", _no_query(alive), methods=["GET"]),
+            Route("/readyz", _no_query(ready), methods=["GET"]),
+        ],
+        exception_handlers={404: _not_found, 405: _not_allowed},
     )
+
+
+# Errors name what is wrong, as JSON, and never echo more than a bit of a hostile input.
+
+_SERVED = "GET /metrics, /healthz and /readyz"
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def _shown(value: str, limit: int = 100) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... (cut, {len(value)} characters)"
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def _no_query(handler: Handler) -> Handler:
+    """``handler``, refusing a query string (no endpoint takes parameters: a scrape
+    configured with some would otherwise silently get something else than it asked)."""
+
+    async def checked(request: Request) -> Response:
+        if request.url.query:
+            names = sorted({name for name, _ in request.query_params.multi_items()})
+            given = ", ".join(_shown(name, 40) for name in names[:5]) or _shown(request.url.query)
+            return _error(400, f"{request.url.path} takes no query parameters (got {given})")
+        return await handler(request)
+
+    return checked
+
+
+async def _not_found(request: Request, error: Exception) -> Response:
+    return _error(404, f"no endpoint at {_shown(request.url.path)}: this app serves {_SERVED}")
+
+
+async def _not_allowed(request: Request, error: Exception) -> Response:
+    message = f"method {_shown(request.method)} is not allowed: this app serves {_SERVED}"
+    return _error(405, message, {"Allow": "GET, HEAD"})
 
 
 class EndpointServer:

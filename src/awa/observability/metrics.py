@@ -74,6 +74,13 @@ staged_follow_ups_discarded = _meter.create_counter(
 rescues = _meter.create_counter(
     "awa.maintenance.rescues", unit="{job}", description="Jobs rescued, by awa.rescue.kind"
 )
+CRON_SCHEDULE = "awa.cron.schedule"
+cron_schedule_errors = _meter.create_counter(
+    "awa.cron.schedule_errors",
+    unit="{error}",
+    description="Evaluations of a periodic job's schedule that failed (it cannot fire), by "
+    "awa.cron.schedule; the leader counts one per schedule per tick while it fails",
+)
 
 
 def count_by_kind(counter: metrics.Counter, jobs: Iterable[tuple[str, str]]) -> None:

@@ -13,11 +13,8 @@ from typing import Any
 import psycopg
 
 from awa.db import Statement, run_async
-from awa.errors import ValidationError
 from awa.model import JobState
 from awa.observability.queue_samples import store_queue_samples
-from awa.periodic import CronJob
-from awa.schedules import CronTimes
 from awa.sql import query
 
 PAGE_SIZE = 50
@@ -151,35 +148,6 @@ def _runtimes(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 async def runtimes(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
     return await run_async(conn, Statement(query("ui_runtimes"), None, _runtimes))
-
-
-_CRON_FIELDS = tuple(
-    field.name for field in dataclasses.fields(CronJob) if field.name != "next_fire_at"
-)
-
-
-def _next_fire(row: dict[str, Any]) -> dt.datetime | None:
-    if row["paused_at"] is not None:
-        return None
-    try:
-        times = CronTimes.of(row["cron_expr"], row["timezone"])
-        last = row["last_enqueued_at"] or row["created_at"]
-        return times.next_fire(max(last, row["now"]))
-    except (ValidationError, ValueError, ArithmeticError):
-        return None  # no next fire (30 February), or an expression this version cannot read
-
-
-def _schedules(rows: list[dict[str, Any]]) -> list[CronJob]:
-    return [
-        CronJob(**{name: row[name] for name in _CRON_FIELDS}, next_fire_at=_next_fire(row))
-        for row in rows
-    ]
-
-
-async def schedules(conn: psycopg.AsyncConnection[Any]) -> list[CronJob]:
-    """Every stored schedule, as ``admin.list_cron_jobs`` lists them, except that one whose
-    expression has no next fire gets none instead of failing the list."""
-    return await run_async(conn, Statement(query("cron_list"), None, _schedules))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
