@@ -27,7 +27,9 @@ from awa.model import (
     MAX_PRIORITY,
     MIN_PRIORITY,
     JobRow,
+    check_id,
     check_int_range,
+    check_limit,
     check_name,
     check_run_at,
     check_tags,
@@ -92,9 +94,7 @@ def _count(rows: list[dict[str, Any]]) -> int:
 
 
 def _job_id(value: object, field: str = "job id") -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValidationError(f"{field} must be an integer, not {type(value).__name__}")
-    return value
+    return check_id(field, value)
 
 
 def _optional_name(field: str, value: str | None) -> str | None:
@@ -152,10 +152,12 @@ def list_dlq(
 ) -> Statement[list[DlqEntry]]:
     """Entries matching every given filter, newest first (``dlq_at``, then id). For the next
     page pass the last entry's ``dlq_at`` and ``job.id`` as ``before_dlq_at`` and
-    ``before_id``."""
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise ValidationError("limit must be a positive integer")
-    params = {**_filters(kind, queue, tag), **_cursor(before_id, before_dlq_at), "limit": limit}
+    ``before_id``. ``limit``: 1 to 1000."""
+    params = {
+        **_filters(kind, queue, tag),
+        **_cursor(before_id, before_dlq_at),
+        "limit": check_limit("limit", limit),
+    }
     return Statement(query("dlq_list"), params, _entries)
 
 

@@ -19,27 +19,105 @@ DEFAULT_QUEUE = "default"
 DEFAULT_PRIORITY = 2
 DEFAULT_MAX_ATTEMPTS = 25
 
+# Column ranges: job ids and run leases are bigint; limits stored per queue are integer.
+BIGINT_MAX = 2**63 - 1
+INT_MAX = 2**31 - 1
+# Rows one list call returns at most (list_jobs, list_dlq, list_batch_operations).
+MAX_LIST_LIMIT = 1000
+# Job ids one call takes at most (wait_many, depends_on, retry_failed(ids=), ...).
+MAX_IDS = 10_000
+
 
 DEPENDENCY_POLICIES = ("cancel", "run", "wait")
 
 
 def dependency_ids(value: object) -> tuple[int, ...] | None:
-    """``depends_on`` as job ids: a list of ids or rows (anything with an ``id``)."""
+    """``depends_on`` as job ids: a list of ids or rows (anything with an ``id``), each a
+    job id (1 to 2**63 - 1), at most ``MAX_IDS`` of them."""
     if value is None:
         return None
-    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+    if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
         raise ValidationError("depends_on must be a list of jobs or job ids")
     ids = []
-    for item in value:
+    for item in cast(Iterable[object], value):
         job_id = getattr(item, "id", item)
-        if isinstance(job_id, bool) or not isinstance(job_id, int) or job_id < 1:
+        if isinstance(job_id, bool) or not isinstance(job_id, int) or not 1 <= job_id <= BIGINT_MAX:
             raise ValidationError(
-                f"depends_on: {item!r} is neither a job nor a job id (a positive integer)"
+                f"depends_on: {_short(item)} is neither a job nor a job id (an integer from 1 "
+                f"to {BIGINT_MAX})"
             )
         ids.append(job_id)
+        if len(ids) > MAX_IDS:
+            raise ValidationError(f"depends_on names more than {MAX_IDS} jobs")
     if not ids:
         return None
     return tuple(dict.fromkeys(ids))
+
+
+def _short(value: object) -> str:
+    """``repr`` of a bad value, cut to a readable length for an error message."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:40]}... ({len(text)} characters)"
+
+
+def check_id(field: str, value: object) -> int:
+    """A job id (or another bigint key): an integer from 1 to 2**63 - 1, not a bool."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValidationError(f"{field} must be an integer, not {type(value).__name__}")
+    if not 1 <= value <= BIGINT_MAX:
+        raise ValidationError(f"{field} must be between 1 and {BIGINT_MAX}, got {_short(value)}")
+    return value
+
+
+def check_ids(field: str, values: object, *, limit: int = MAX_IDS) -> list[int]:
+    """A non-empty collection of job ids (``check_id``), at most ``limit`` of them; repeats
+    are dropped, order kept."""
+    if isinstance(values, str | bytes | Mapping) or not isinstance(values, Iterable):
+        raise ValidationError(f"{field} must be a list of job ids, not {type(values).__name__}")
+    ids: dict[int, None] = {}
+    for value in cast(Iterable[object], values):
+        ids[check_id(f"{field}: job id", value)] = None
+        if len(ids) > limit:
+            raise ValidationError(f"{field} holds more than {limit} job ids; the limit is {limit}")
+    if not ids:
+        raise ValidationError(f"{field} must name at least one job id")
+    return list(ids)
+
+
+def check_limit(field: str, value: object, high: int = MAX_LIST_LIMIT) -> int:
+    """A page size or batch bound: an integer from 1 to ``high``."""
+    return check_int_range(field, value, 1, high)
+
+
+def check_seconds(field: str, value: object, *, allow_zero: bool = True) -> float:
+    """A duration in seconds (a number or a timedelta): finite, not negative (nor zero
+    unless allowed) and at most ``MAX_DURATION`` (100 years)."""
+    seconds = _seconds(cast(Any, value), field)
+    if seconds < 0 or (seconds == 0 and not allow_zero):
+        raise ValidationError(f"{field} must be {'>= 0' if allow_zero else '> 0'}, got {seconds:g}")
+    if seconds > MAX_DURATION.total_seconds():
+        raise ValidationError(
+            f"{field} is {seconds:g} seconds; the limit is {MAX_DURATION.days} days (100 years)"
+        )
+    return seconds
+
+
+def check_text(field: str, value: object, max_length: int = MAX_NAME_LENGTH) -> str:
+    """Free text stored as given (who paused a queue, a reason): a string of at most
+    ``max_length`` characters, without NUL bytes or lone surrogates (may be empty)."""
+    if not isinstance(value, str):
+        raise ValidationError(f"{field} must be a string, not {type(value).__name__}")
+    if len(value) > max_length:
+        raise ValidationError(f"{field} is {len(value)} characters long; the limit is {max_length}")
+    if "\x00" in value:
+        raise ValidationError(f"{field} contains a NUL byte, which Postgres cannot store")
+    check_encodable(field, value)
+    return value
+
+
+def optional_name(field: str, value: object) -> str | None:
+    """A filter naming a queue, kind, ...: None, or a name as ``check_name`` accepts."""
+    return None if value is None else check_name(field, value)
 
 
 class MappingAccess:
@@ -197,10 +275,16 @@ def _seconds(value: float | dt.timedelta, field: str) -> float:
     if isinstance(value, dt.timedelta):
         return value.total_seconds()
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValidationError(f"{field} must be a number of seconds or a timedelta")
-    if not math.isfinite(value):
+        raise ValidationError(
+            f"{field} must be a number of seconds or a timedelta, not {type(value).__name__}"
+        )
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int beyond any float
+        raise ValidationError(f"{field} must be finite") from None
+    if not math.isfinite(seconds):
         raise ValidationError(f"{field} must be finite")
-    return float(value)
+    return seconds
 
 
 # Longest duration an option may give. Far beyond any real deadline, and far inside what a
