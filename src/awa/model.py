@@ -115,6 +115,22 @@ def check_text(field: str, value: object, max_length: int = MAX_NAME_LENGTH) -> 
     return value
 
 
+MAX_CONNECTIONS = 10_000
+
+
+def check_flag(field: str, value: object) -> bool:
+    """A switch: True or False, not a truthy string or number."""
+    if not isinstance(value, bool):
+        raise ValidationError(f"{field} must be True or False, not {type(value).__name__}")
+    return value
+
+
+def check_client_options(max_connections: object, application_name: object) -> None:
+    """A client's pool size (1 to 10,000) and application name (text Postgres can store)."""
+    check_int_range("max_connections", max_connections, 1, MAX_CONNECTIONS)
+    check_text("application_name", application_name)
+
+
 def optional_name(field: str, value: object) -> str | None:
     """A filter naming a queue, kind, ...: None, or a name as ``check_name`` accepts."""
     return None if value is None else check_name(field, value)
@@ -226,10 +242,17 @@ class UniqueOpts:
             seconds = _seconds(self.by_period, "unique_opts.by_period")
             if seconds <= 0:
                 raise ValidationError("unique_opts.by_period must be a positive period length")
-        states = self.states
+        states: object = self.states
+        if isinstance(states, bool | str | bytes) or not isinstance(states, int | Iterable):
+            raise ValidationError(
+                "unique_opts.states must be a set of job states or a bitmask, not "
+                f"{type(states).__name__}"
+            )
         if isinstance(states, int):
             states = _states_from_mask(states)
-        object.__setattr__(self, "states", frozenset(parse_state(s) for s in states))
+        object.__setattr__(
+            self, "states", frozenset(parse_state(s) for s in cast(Iterable[Any], states))
+        )
 
     @property
     def period_seconds(self) -> float | None:

@@ -242,6 +242,10 @@ def batch_workflow(
 ) -> tuple[Workflow, Step]:
     """The workflow of a batch: each member with ``options`` (an ``EnqueueRequest`` member
     sets its own), and the fan-in job ``on_complete`` after all of them."""
+    if isinstance(members, str | bytes | Mapping) or not isinstance(members, Iterable):
+        raise ValidationError(
+            f"insert_batch() takes a list of members (args), not {type(members).__name__}"
+        )
     workflow = Workflow("batch")
     steps = [workflow.add(member, **options) for member in members]
     if not steps:
@@ -284,10 +288,15 @@ class WorkflowInfo:
 
 
 def workflow_id(value: uuid.UUID | str) -> uuid.UUID:
+    if isinstance(value, uuid.UUID):
+        return value
+    if not isinstance(value, str):
+        raise ValidationError(f"a workflow id is a UUID, not a {type(value).__name__}")
     try:
-        return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
+        return uuid.UUID(value)
     except ValueError:
-        raise ValidationError(f"a workflow id is a UUID, not {value!r}") from None
+        shown = repr(value) if len(value) <= 60 else f"{value[:40]!r}... ({len(value)} characters)"
+        raise ValidationError(f"a workflow id is a UUID, not {shown}") from None
 
 
 def _info(rows: list[dict[str, Any]]) -> list[WorkflowJob]:

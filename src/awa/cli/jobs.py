@@ -10,7 +10,11 @@ import click
 
 import awa
 from awa.cli.group import (
-    CliUsageError,
+    JOB_ID,
+    KIND,
+    LIMIT,
+    QUEUE,
+    TAKES_JOB_ID,
     client_from_context,
     fail,
     format_age,
@@ -33,32 +37,6 @@ def job() -> None:
     """
 
 
-class JobId(click.ParamType[int]):
-    """A job id: a positive integer, else one ``error:`` line (exit code 2).
-
-    Commands taking one set ``ignore_unknown_options`` so that ``-5`` reaches this type
-    instead of being reported as an unknown option; a token that is neither a number nor a
-    known option is reported here as an unknown option.
-    """
-
-    name = "id"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-        text = str(value).strip()
-        if text.startswith("-") and not text[1:].isdigit():
-            raise CliUsageError(f"no such option: {text}")
-        digits = text.removeprefix("+")
-        if digits.isascii() and digits.isdigit() and int(digits) > 0:
-            return int(digits)
-        raise CliUsageError(f"job id must be a positive integer, not {text or repr(text)}")
-
-
-JOB_ID = JobId()
-_TAKES_JOB_ID = {"ignore_unknown_options": True}  # see JobId
-
-
 _STATE_CHOICE = click.Choice([state.value for state in JobState], case_sensitive=False)
 _STATE_NAMES = ", ".join(state.value for state in JobState)
 
@@ -67,15 +45,15 @@ _STATE_NAMES = ", ".join(state.value for state in JobState)
 @click.option(
     "--state", type=_STATE_CHOICE, metavar="STATE", help=f"Only jobs in this state: {_STATE_NAMES}."
 )
-@click.option("--kind", help="Only jobs of this kind.")
-@click.option("--queue", help="Only jobs in this queue.")
+@click.option("--kind", type=KIND, help="Only jobs of this kind.")
+@click.option("--queue", type=QUEUE, help="Only jobs in this queue.")
 @click.option(
     "--limit",
-    type=click.IntRange(min=1),
+    type=LIMIT,
     default=50,
     show_default=True,
     metavar="N",
-    help="Show at most N jobs.",
+    help="Show at most N jobs (1 to 1000).",
 )
 @json_option
 @pass_client
@@ -180,7 +158,7 @@ def _describe(row: JobRow) -> None:
             click.echo(f"  {_json_block(entry)}")
 
 
-@job.command("get", context_settings=_TAKES_JOB_ID)
+@job.command("get", context_settings=TAKES_JOB_ID)
 @click.argument("job_id", metavar="ID", type=JOB_ID)
 @json_option
 @pass_client
@@ -213,7 +191,7 @@ def _report_change(
         click.echo(f"job {row.id} is now {row.state.value}{note}")
 
 
-@job.command("cancel", context_settings=_TAKES_JOB_ID)
+@job.command("cancel", context_settings=TAKES_JOB_ID)
 @click.argument("job_id", metavar="ID", type=JOB_ID)
 @json_option
 @pass_client
@@ -226,7 +204,7 @@ def cancel_job(client: awa.Client, job_id: int, as_json: bool) -> None:
     _report_change(client, job_id, row, as_json, "only unfinished jobs can be cancelled")
 
 
-@job.command("retry", context_settings=_TAKES_JOB_ID)
+@job.command("retry", context_settings=TAKES_JOB_ID)
 @click.argument("job_id", metavar="ID", type=JOB_ID)
 @json_option
 @pass_client
@@ -243,8 +221,8 @@ def retry_job(client: awa.Client, job_id: int, as_json: bool) -> None:
 
 
 @job.command("retry-failed")
-@click.option("--kind", help="Retry the failed jobs of this kind.")
-@click.option("--queue", help="Retry the failed jobs of this queue.")
+@click.option("--kind", type=KIND, help="Retry the failed jobs of this kind.")
+@click.option("--queue", type=QUEUE, help="Retry the failed jobs of this queue.")
 @json_option
 @click.pass_context
 def retry_failed(ctx: click.Context, kind: str | None, queue: str | None, as_json: bool) -> None:
@@ -263,7 +241,7 @@ def retry_failed(ctx: click.Context, kind: str | None, queue: str | None, as_jso
 
 
 @job.command("discard")
-@click.option("--kind", required=True, help="The kind whose failed jobs are deleted.")
+@click.option("--kind", type=KIND, required=True, help="The kind whose failed jobs are deleted.")
 @json_option
 @pass_client
 def discard_failed(client: awa.Client, kind: str, as_json: bool) -> None:
@@ -276,7 +254,7 @@ def discard_failed(client: awa.Client, kind: str, as_json: bool) -> None:
 
 
 @job.command("kinds")
-@click.argument("kind", metavar="[KIND]", required=False)
+@click.argument("kind", metavar="[KIND]", type=KIND, required=False)
 @json_option
 @pass_client
 def job_kinds(client: awa.Client, kind: str | None, as_json: bool) -> None:

@@ -64,9 +64,9 @@ class RetryPolicy:
                 raise ValidationError(
                     f"RetryPolicy.{field} must be a number, not {type(value).__name__}"
                 )
-        if not (math.isfinite(self.base) and 1 <= self.base <= 1e6):
+        if not 1 <= self.base <= 1e6:  # NaN too
             raise ValidationError(f"RetryPolicy.base must be between 1 and 1e6, got {self.base}")
-        if not (math.isfinite(self.jitter) and 0 <= self.jitter <= 1e6):
+        if not 0 <= self.jitter <= 1e6:
             raise ValidationError(
                 f"RetryPolicy.jitter must be between 0 and 1e6, got {self.jitter}"
             )
