@@ -244,7 +244,8 @@ def _operation_id(value: object) -> uuid.UUID:
     try:
         return uuid.UUID(value)
     except ValueError as error:
-        raise ValidationError(f"invalid batch operation id: {error}: {value!r}") from None
+        shown = repr(value) if len(value) <= 60 else f"{value[:40]!r}... ({len(value)} characters)"
+        raise ValidationError(f"invalid batch operation id: {error}: {shown}") from None
 
 
 # Records ----------------------------------------------------------------------------------

@@ -219,7 +219,9 @@ def parse_state(value: JobState | str) -> JobState:
         return JobState(value)
     except ValueError:
         names = ", ".join(state.value for state in JobState)
-        raise ValidationError(f"unknown job state {value!r}; expected one of: {names}") from None
+        raise ValidationError(
+            f"unknown job state {_short(value)}; expected one of: {names}"
+        ) from None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
