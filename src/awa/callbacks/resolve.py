@@ -34,7 +34,10 @@ def callback_uuid(callback_id: str | uuid.UUID | CallbackToken) -> str:
     try:
         return str(uuid.UUID(str(callback_id)))
     except ValueError:
-        raise ValidationError(f"callback id {callback_id!r} is not a UUID") from None
+        shown = repr(callback_id)
+        if len(shown) > 60:
+            shown = f"{shown[:40]}... ({len(shown)} characters)"
+        raise ValidationError(f"callback id {shown} is not a UUID") from None
 
 
 def check_timeout(timeout_seconds: float) -> float:

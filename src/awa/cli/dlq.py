@@ -15,6 +15,7 @@ from awa.cli.group import (
     LIMIT,
     QUEUE,
     TAG,
+    TAKES_JOB_ID,
     CliUsageError,
     fail,
     format_time,
@@ -137,7 +138,7 @@ def _cells(entry: DlqEntry) -> list[object]:
     ]
 
 
-@dlq.command("get")
+@dlq.command("get", context_settings=TAKES_JOB_ID)
 @click.argument("job_id", metavar="ID", type=JOB_ID)
 @json_option
 @pass_client
@@ -180,7 +181,7 @@ def _bulk_scope(kind: str | None, queue: str | None, tag: str | None) -> str:
     return ", ".join(f"{name} {value}" for name, value in filters if value) or "every entry"
 
 
-@dlq.command("retry")
+@dlq.command("retry", context_settings=TAKES_JOB_ID)
 @click.argument("job_id", metavar="[ID]", type=JOB_ID, required=False)
 @click.option("--run-at", type=TIME, metavar="TIME", help="With ID: run it then, not now.")
 @click.option("--priority", type=click.IntRange(1, 4), help="With ID: run it at this priority.")
@@ -233,7 +234,7 @@ def retry(
         click.echo(f"retried {count} job(s) ({_bulk_scope(kind, queue, tag)})")
 
 
-@dlq.command("purge")
+@dlq.command("purge", context_settings=TAKES_JOB_ID)
 @click.argument("job_id", metavar="[ID]", type=JOB_ID, required=False)
 @click.option("--kind", type=KIND, help="Purge the entries of this kind.")
 @click.option("--queue", type=QUEUE, help="Purge the entries of this queue.")

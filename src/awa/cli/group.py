@@ -31,6 +31,7 @@ import json
 import os
 import sys
 import traceback
+import unicodedata
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import IO, Any, Concatenate, NoReturn, ParamSpec, TypeVar
@@ -64,6 +65,7 @@ __all__ = [
     "TAG",
     "TAKES_JOB_ID",
     "TEXT",
+    "Checked",
     "CliError",
     "CliState",
     "CliUsageError",
@@ -75,6 +77,7 @@ __all__ = [
     "print_json",
     "print_table",
     "to_jsonable",
+    "visible",
 ]
 
 P = ParamSpec("P")
@@ -142,11 +145,13 @@ class JobId(click.ParamType[int]):
         if text.startswith("-") and not text[1:].isdigit():
             raise CliUsageError(f"no such option: {text}")
         digits = text.removeprefix("+")
-        if digits.isascii() and digits.isdigit() and int(digits) > 0:
-            if int(digits) > BIGINT_MAX:
-                raise CliUsageError(f"job id must be at most {BIGINT_MAX}, not {digits}")
-            return int(digits)
         shown = text if len(text) <= 40 else f"{text[:30]}... ({len(text)} characters)"
+        if digits.isascii() and digits.isdigit():
+            # Compare the length first: int() of thousands of digits raises ValueError.
+            if len(digits.lstrip("0")) > len(str(BIGINT_MAX)) or int(digits) > BIGINT_MAX:
+                raise CliUsageError(f"job id must be at most {BIGINT_MAX}, not {shown}")
+            if int(digits) > 0:
+                return int(digits)
         raise CliUsageError(f"job id must be a positive integer, not {shown or repr(text)}")
 
 
@@ -322,10 +327,32 @@ def print_json(value: Any) -> None:
     click.echo(json.dumps(to_jsonable(value), indent=2, ensure_ascii=False, default=str))
 
 
+def visible(text: str, keep: str = "") -> str:
+    """``text`` safe to print on a terminal: control and format characters (escape
+    sequences, newlines, a right-to-left override) shown as escapes (``\\x1b``, ``\\n``,
+    ``\\u202e``), so a stored name can neither restyle the terminal nor fake a line of
+    output. Characters in ``keep`` stay as they are."""
+    if text.isprintable():
+        return text
+    return "".join(
+        char
+        if char in keep or unicodedata.category(char) not in _HIDDEN
+        else char.encode("unicode_escape").decode("ascii")
+        for char in text
+    )
+
+
+_HIDDEN = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+
+
 def print_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> None:
     """Print plain aligned columns (no borders, so the output greps and cuts well); columns
-    holding only integers are right-aligned. None prints as ``-``."""
-    body = [["-" if cell is None else cell for cell in row] for row in rows]
+    holding only integers are right-aligned. None prints as ``-``; stored text is shown with
+    its control characters escaped (``visible``)."""
+    body = [
+        ["-" if cell is None else visible(cell) if isinstance(cell, str) else cell for cell in row]
+        for row in rows
+    ]
     table = Table(box=None, pad_edge=False, header_style="bold", show_edge=False)
     for index, header in enumerate(headers):
         numeric = bool(body) and all(isinstance(row[index], int) for row in body)

@@ -15,6 +15,7 @@ from awa.cli.group import (
     LIMIT,
     QUEUE,
     TAKES_JOB_ID,
+    Checked,
     client_from_context,
     fail,
     format_age,
@@ -25,8 +26,9 @@ from awa.cli.group import (
     print_json,
     print_table,
     to_jsonable,
+    visible,
 )
-from awa.model import JobRow, JobState
+from awa.model import JobRow, JobState, parse_state
 
 
 @main.group()
@@ -37,7 +39,9 @@ def job() -> None:
     """
 
 
-_STATE_CHOICE = click.Choice([state.value for state in JobState], case_sensitive=False)
+_STATE_CHOICE = Checked(
+    "state", lambda value: parse_state(value.lower() if isinstance(value, str) else value).value
+)
 _STATE_NAMES = ", ".join(state.value for state in JobState)
 
 
@@ -139,7 +143,7 @@ def _describe(row: JobRow) -> None:
             if value is not None:
                 fields.append((f"callback {name}", value))
     for label, value in fields:
-        click.echo(f"{label:<17}{'-' if value is None else value}")
+        click.echo(f"{label:<17}{'-' if value is None else visible(str(value))}")
     for label, data in (("args", row.args), ("metadata", row.metadata)):
         click.echo(f"{label}:\n  {_json_block(data)}")
     if row.progress is not None:
@@ -151,7 +155,7 @@ def _describe(row: JobRow) -> None:
         if isinstance(entry, dict) and "error" in entry:
             stamp = _error_time(entry.get("at"))
             terminal = " (terminal)" if entry.get("terminal") else ""
-            message = str(entry["error"]).replace("\n", "\n      ")
+            message = visible(str(entry["error"]), keep="\n").replace("\n", "\n      ")
             click.echo(f"  attempt {entry.get('attempt', '?')} at {stamp}{terminal}:")
             click.echo(f"      {message}")
         else:
