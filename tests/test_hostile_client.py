@@ -195,6 +195,58 @@ CLIENT_ROWS: list[Row] = [
         {"int": 5, "str": "abc", "empty": []},
         lambda c, v: c.insert_batch(v, on_complete=Note()),
     ),
+    # Registration and descriptors (checked when declared, before start() stores them).
+    row("task.kind", "kind", NAMES, lambda c, v: c.task(Note, kind=v)(_handler), only=["async"]),
+    row("task.queue", "queue", NAMES, lambda c, v: c.task(Note, queue=v)(_handler), only=["async"]),
+    row(
+        "task.priority",
+        "priority",
+        PRIORITIES,
+        lambda c, v: c.task(Note, priority=v)(_handler),
+        only=["async"],
+    ),
+    row(
+        "task.max_attempts",
+        "max_attempts",
+        {**PRIORITIES, "1001": 1001},
+        lambda c, v: c.task(Note, max_attempts=v)(_handler),
+        skip=["five"],
+        only=["async"],
+    ),
+    row(
+        "task.deadline_duration",
+        "deadline_duration",
+        SECONDS,
+        lambda c, v: c.task(Note, deadline_duration=v)(_handler),
+        only=["async"],
+    ),
+    row("on_event_kind", "kind", NAMES, lambda c, v: c.on_event_kind(v, _handler), only=["async"]),
+    row(
+        "queue_descriptor.queue", "queue", NAMES, lambda c, v: c.queue_descriptor(v), only=["async"]
+    ),
+    row(
+        "queue_descriptor.description",
+        "description",
+        TEXT,
+        lambda c, v: c.queue_descriptor("q", description=v),
+        skip=["10000-chars"],  # descriptions may be long; see the next row
+        only=["async"],
+    ),
+    row(
+        "queue_descriptor.docs_url",
+        "docs_url",
+        TEXT,
+        lambda c, v: c.queue_descriptor("q", docs_url=v),
+        only=["async"],
+    ),
+    row(
+        "job_kind_descriptor.tags",
+        "tag",
+        TEXT,
+        lambda c, v: c.job_kind_descriptor("k", tags=[v]),
+        skip=["10000-chars"],
+        only=["async"],
+    ),
     # Health and shutdown.
     row(
         "health_check.unserved_after",
@@ -218,6 +270,10 @@ CLIENT_ROWS: list[Row] = [
         only=["async"],
     ),
 ]
+
+
+def _handler(job: Any) -> None:
+    return None
 
 
 @pytest.fixture
