@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from awa.arguments import check_id, check_ids, check_limit, check_text, optional_name
 from awa.batch_operations import (
     cancel_batch_operation,
     get_batch_operation,
@@ -59,13 +60,8 @@ from awa.model import (
     BIGINT_MAX,
     JobRow,
     JobState,
-    check_id,
-    check_ids,
     check_int_range,
-    check_limit,
     check_name,
-    check_text,
-    optional_name,
     parse_state,
 )
 from awa.observability.queue_stats import HeldBack, QueueLimits, QueueStats, queue_stats

@@ -24,6 +24,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, TypedDict, cast, get_args
 
+from awa.arguments import check_limit, check_text
 from awa.db import Flow, Statement, operation
 from awa.errors import ArgumentTypeError, ValidationError
 from awa.kinds import dump_json
@@ -34,10 +35,8 @@ from awa.model import (
     MIN_PRIORITY,
     JobRow,
     JobState,
-    check_limit,
     check_name,
     check_run_at,
-    check_text,
     parse_state,
 )
 from awa.sql import query

@@ -18,6 +18,7 @@ import psycopg_pool
 
 from awa import admin, callbacks
 from awa.admin import CronJob, QueueStats
+from awa.arguments import check_client_options, check_seconds
 from awa.batch_methods import BatchMethods
 from awa.bulk_copy import copy_flow, with_per_job_opts
 from awa.callbacks.resolution import CallbackId
@@ -42,7 +43,7 @@ from awa.insert import (
     split_kwargs,
 )
 from awa.migrations import migrate_sync
-from awa.model import JobRow, JobState, check_client_options, check_seconds
+from awa.model import JobRow, JobState
 from awa.observability.health import (
     DEFAULT_UNSERVED_AFTER,
     HEALTH_CHECK_TIMEOUT,

@@ -20,6 +20,7 @@ import psycopg_pool
 
 from awa import admin
 from awa.admin import CronJob, QueueStats
+from awa.arguments import check_client_options, check_flag, check_seconds
 from awa.batch_methods import AsyncBatchMethods
 from awa.bulk_copy import copy_flow, with_per_job_opts
 from awa.callbacks.resolution import CallbackResolution
@@ -49,16 +50,7 @@ from awa.lifecycle.followups import FollowUpRegistry
 from awa.lifecycle.hooks import HookDispatcher, HookRegistry
 from awa.lifecycle.registration import LifecycleRegistration
 from awa.migrations import check_version, migrate_async, schema_version_flow
-from awa.model import (
-    DEFAULT_MAX_ATTEMPTS,
-    DEFAULT_PRIORITY,
-    JobRow,
-    JobState,
-    UniqueOpts,
-    check_client_options,
-    check_flag,
-    check_seconds,
-)
+from awa.model import DEFAULT_MAX_ATTEMPTS, DEFAULT_PRIORITY, JobRow, JobState, UniqueOpts
 from awa.observability.health import (
     DEFAULT_UNSERVED_AFTER,
     HEALTH_CHECK_TIMEOUT,

@@ -21,15 +21,14 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
+from awa.arguments import check_id, check_limit
 from awa.db import Statement, operation
 from awa.errors import UniqueConflict, ValidationError
 from awa.model import (
     MAX_PRIORITY,
     MIN_PRIORITY,
     JobRow,
-    check_id,
     check_int_range,
-    check_limit,
     check_name,
     check_run_at,
     check_tags,

@@ -43,7 +43,7 @@ def dependency_ids(value: object) -> tuple[int, ...] | None:
         job_id = getattr(item, "id", item)
         if isinstance(job_id, bool) or not isinstance(job_id, int) or not 1 <= job_id <= BIGINT_MAX:
             raise ValidationError(
-                f"depends_on: {_short(item)} is neither a job nor a job id (an integer from 1 "
+                f"depends_on: {short_repr(item)} is neither a job nor a job id (an integer from 1 "
                 f"to {BIGINT_MAX})"
             )
         ids.append(job_id)
@@ -54,86 +54,10 @@ def dependency_ids(value: object) -> tuple[int, ...] | None:
     return tuple(dict.fromkeys(ids))
 
 
-def _short(value: object) -> str:
+def short_repr(value: object) -> str:
     """``repr`` of a bad value, cut to a readable length for an error message."""
     text = repr(value)
     return text if len(text) <= 60 else f"{text[:40]}... ({len(text)} characters)"
-
-
-def check_id(field: str, value: object) -> int:
-    """A job id (or another bigint key): an integer from 1 to 2**63 - 1, not a bool."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValidationError(f"{field} must be an integer, not {type(value).__name__}")
-    if not 1 <= value <= BIGINT_MAX:
-        raise ValidationError(f"{field} must be between 1 and {BIGINT_MAX}, got {_short(value)}")
-    return value
-
-
-def check_ids(field: str, values: object, *, limit: int = MAX_IDS) -> list[int]:
-    """A non-empty collection of job ids (``check_id``), at most ``limit`` of them; repeats
-    are dropped, order kept."""
-    if isinstance(values, str | bytes | Mapping) or not isinstance(values, Iterable):
-        raise ValidationError(f"{field} must be a list of job ids, not {type(values).__name__}")
-    ids: dict[int, None] = {}
-    for value in cast(Iterable[object], values):
-        ids[check_id(f"{field}: job id", value)] = None
-        if len(ids) > limit:
-            raise ValidationError(f"{field} holds more than {limit} job ids; the limit is {limit}")
-    if not ids:
-        raise ValidationError(f"{field} must name at least one job id")
-    return list(ids)
-
-
-def check_limit(field: str, value: object, high: int = MAX_LIST_LIMIT) -> int:
-    """A page size or batch bound: an integer from 1 to ``high``."""
-    return check_int_range(field, value, 1, high)
-
-
-def check_seconds(field: str, value: object, *, allow_zero: bool = True) -> float:
-    """A duration in seconds (a number or a timedelta): finite, not negative (nor zero
-    unless allowed) and at most ``MAX_DURATION`` (100 years)."""
-    seconds = _seconds(cast(Any, value), field)
-    if seconds < 0 or (seconds == 0 and not allow_zero):
-        raise ValidationError(f"{field} must be {'>= 0' if allow_zero else '> 0'}, got {seconds:g}")
-    if seconds > MAX_DURATION.total_seconds():
-        raise ValidationError(
-            f"{field} is {seconds:g} seconds; the limit is {MAX_DURATION.days} days (100 years)"
-        )
-    return seconds
-
-
-def check_text(field: str, value: object, max_length: int = MAX_NAME_LENGTH) -> str:
-    """Free text stored as given (who paused a queue, a reason): a string of at most
-    ``max_length`` characters, without NUL bytes or lone surrogates (may be empty)."""
-    if not isinstance(value, str):
-        raise ValidationError(f"{field} must be a string, not {type(value).__name__}")
-    if len(value) > max_length:
-        raise ValidationError(f"{field} is {len(value)} characters long; the limit is {max_length}")
-    if "\x00" in value:
-        raise ValidationError(f"{field} contains a NUL byte, which Postgres cannot store")
-    check_encodable(field, value)
-    return value
-
-
-MAX_CONNECTIONS = 10_000
-
-
-def check_flag(field: str, value: object) -> bool:
-    """A switch: True or False, not a truthy string or number."""
-    if not isinstance(value, bool):
-        raise ValidationError(f"{field} must be True or False, not {type(value).__name__}")
-    return value
-
-
-def check_client_options(max_connections: object, application_name: object) -> None:
-    """A client's pool size (1 to 10,000) and application name (text Postgres can store)."""
-    check_int_range("max_connections", max_connections, 1, MAX_CONNECTIONS)
-    check_text("application_name", application_name)
-
-
-def optional_name(field: str, value: object) -> str | None:
-    """A filter naming a queue, kind, ...: None, or a name as ``check_name`` accepts."""
-    return None if value is None else check_name(field, value)
 
 
 class MappingAccess:
@@ -220,7 +144,7 @@ def parse_state(value: JobState | str) -> JobState:
     except ValueError:
         names = ", ".join(state.value for state in JobState)
         raise ValidationError(
-            f"unknown job state {_short(value)}; expected one of: {names}"
+            f"unknown job state {short_repr(value)}; expected one of: {names}"
         ) from None
 
 
@@ -241,7 +165,7 @@ class UniqueOpts:
 
     def __post_init__(self) -> None:
         if self.by_period is not None:
-            seconds = _seconds(self.by_period, "unique_opts.by_period")
+            seconds = seconds_of(self.by_period, "unique_opts.by_period")
             if seconds <= 0:
                 raise ValidationError("unique_opts.by_period must be a positive period length")
         states: object = self.states
@@ -260,7 +184,7 @@ class UniqueOpts:
     def period_seconds(self) -> float | None:
         if self.by_period is None:
             return None
-        return _seconds(self.by_period, "unique_opts.by_period")
+        return seconds_of(self.by_period, "unique_opts.by_period")
 
     @property
     def mask(self) -> int:
@@ -296,7 +220,9 @@ def _states_from_mask(mask: int) -> frozenset[JobState]:
     )
 
 
-def _seconds(value: float | dt.timedelta, field: str) -> float:
+def seconds_of(value: float | dt.timedelta, field: str) -> float:
+    """A duration as seconds; ValidationError for anything but a finite number or a
+    timedelta."""
     if isinstance(value, dt.timedelta):
         return value.total_seconds()
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -319,7 +245,7 @@ MAX_DURATION = dt.timedelta(days=36525)
 
 
 def to_timedelta(value: float | dt.timedelta, field: str) -> dt.timedelta:
-    seconds = _seconds(value, field)
+    seconds = seconds_of(value, field)
     if seconds < 0:
         raise ValidationError(f"{field} must not be negative")
     if seconds > MAX_DURATION.total_seconds():

@@ -15,10 +15,11 @@ from typing import Any
 
 import psycopg
 
+from awa.arguments import check_id, check_ids, check_seconds
 from awa.db import Statement, drive_async, drive_sync, run_async, run_sync
 from awa.errors import AwaError, ValidationError
 from awa.insert import InsertRules
-from awa.model import TERMINAL_STATES, JobRow, check_id, check_ids, check_seconds
+from awa.model import TERMINAL_STATES, JobRow
 from awa.sql import query
 from awa.workflows import (
     BatchRun,

@@ -43,17 +43,10 @@ from rich.table import Table
 from rich.text import Text
 
 import awa
+from awa.arguments import check_seconds, check_text
 from awa.db import check_database_url
 from awa.errors import AwaError, ValidationError
-from awa.model import (
-    BIGINT_MAX,
-    MAX_LIST_LIMIT,
-    JobState,
-    check_name,
-    check_seconds,
-    check_tags,
-    check_text,
-)
+from awa.model import BIGINT_MAX, MAX_LIST_LIMIT, JobState, check_name, check_tags
 
 __all__ = [
     "JOB_ID",

@@ -17,11 +17,11 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
+from awa.arguments import check_flag, check_seconds
 from awa.callbacks.http import Secret
 from awa.callbacks.http import create_app as create_callback_app
 from awa.client import AsyncClient, QueuesSpec
 from awa.errors import ValidationError
-from awa.model import check_flag, check_seconds
 from awa.ui import create_app as create_ui_app
 
 Lifespan = Callable[[Any], AbstractAsyncContextManager[None]]
