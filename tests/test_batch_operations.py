@@ -301,7 +301,8 @@ async def test_list_get_and_purge(
         third["id"],
         second["id"],
     ]
-    assert len(sync_client.list_batch_operations(limit=0)) == 1  # clamped to 1..1000
+    assert len(sync_client.list_batch_operations(limit=1)) == 1
+    assert len(sync_client.list_batch_operations(limit=1000)) == 3  # limits run 1..1000
     await client.cancel_batch_operation(third["id"])
     assert [r["id"] for r in sync_client.list_batch_operations(state="cancelling")] == [third["id"]]
     assert (await client.get_batch_operation(uuid.UUID(first["id"])))["id"] == first["id"]
@@ -456,5 +457,5 @@ async def test_id_state_limit_and_purge_errors(
         sync_client.purge_batch_operations("2026-01-01")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="submitted_by must be a str"):
         await client.set_priority(1, filter={"queue": "q"}, submitted_by=5)  # type: ignore[arg-type]
-    with pytest.raises(awa.ValidationError, match="submitted_by must be at most 200"):
+    with pytest.raises(awa.ValidationError, match="submitted_by is 201 characters long; the limit"):
         await client.set_priority(1, filter={"queue": "q"}, submitted_by="x" * 201)

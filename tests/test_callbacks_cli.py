@@ -128,7 +128,7 @@ def test_errors(database_url: str, sync_client: awa.Client, conn: Conn) -> None:
     assert bad_json.exit_code == 2
     assert "not valid JSON" in bad_json.stderr
     bad_id = awa_cli(database_url, "callback", "complete", "not-a-uuid")
-    assert bad_id.exit_code == 1
+    assert bad_id.exit_code == 2  # bad input: a usage error
     assert bad_id.stderr.startswith("error: callback id 'not-a-uuid' is not a UUID")
     unknown = awa_cli(database_url, "callback", "complete", str(uuid.uuid4()))
     assert unknown.exit_code == 1

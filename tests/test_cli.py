@@ -444,8 +444,8 @@ def test_queue_resume_when_not_paused(database_url: str) -> None:
 
 
 def test_queue_pause_rejects_bad_name(database_url: str) -> None:
-    line = error_line(awa_cli("queue", "pause", "x" * 201, url=database_url))
-    assert "queue is 201 characters long" in line
+    line = usage_line(awa_cli("queue", "pause", "x" * 201, url=database_url))
+    assert "Invalid value for 'QUEUE': queue is 201 characters long" in line
 
 
 def test_queue_drain(

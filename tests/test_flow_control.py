@@ -53,21 +53,46 @@ def register(client: awa.AsyncClient, gate: asyncio.Event | None = None) -> list
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"rate_limit": (0, 1)}, "rate must be a number of jobs per second > 0"),
-        ({"rate_limit": (-5, 1)}, "rate must be a number of jobs per second > 0"),
+        ({"rate_limit": (0, 1)}, "rate must be a number of jobs per second from 1e-06"),
+        ({"rate_limit": (-5, 1)}, "rate must be a number of jobs per second from 1e-06"),
         ({"rate_limit": (float("nan"), 1)}, "rate must be"),
-        ({"rate_limit": (5, -1)}, "burst must be an integer >= 0"),
-        ({"rate_limit": (5, 1.5)}, "burst must be an integer >= 0"),
+        ({"rate_limit": (float("inf"), 1)}, "rate must be"),
+        ({"rate_limit": (1e300, 1)}, "to 2147483647, got 1e+300"),
+        ({"rate_limit": (2**31, 1)}, "to 2147483647, got 2147483648"),
+        ({"rate_limit": (1e-9, 1)}, "from 1e-06"),
+        ({"rate_limit": ("5", 1)}, "rate must be"),
+        ({"rate_limit": (True, 1)}, "rate must be"),
+        ({"rate_limit": (5, -1)}, "burst must be an integer from 0"),
+        ({"rate_limit": (5, 1.5)}, "burst must be an integer from 0"),
+        ({"rate_limit": (5, 2**31)}, "burst must be an integer from 0 (0: the rate) to 2147483647"),
+        ({"rate_limit": (5, "1")}, "burst must be an integer"),
         ({"rate_limit": "fast"}, "rate_limit must be a (jobs per second, burst) pair"),
         ({"rate_limit": (1, 2, 3)}, "rate_limit must be a (jobs per second, burst) pair"),
         ({"global_max_running": 0}, "global_max_running must be a positive integer"),
+        ({"global_max_running": 2**31}, "global_max_running must be a positive integer (at most"),
+        ({"global_max_running": 2**63}, "global_max_running must be a positive integer"),
+        ({"global_max_running": "5"}, "global_max_running must be a positive integer"),
+        ({"global_max_running": 5.0}, "global_max_running must be a positive integer"),
         ({"key_concurrency": -1}, "key_concurrency must be a positive integer"),
         ({"key_concurrency": True}, "key_concurrency must be a positive integer"),
+        ({"key_concurrency": 2**31}, "key_concurrency must be a positive integer (at most"),
         ({"weight": 0}, "weight must be a positive integer"),
+        ({"weight": 2**31}, "weight must be a positive integer (at most 2147483647)"),
         ({"min_workers": -1}, "min_workers must be an integer >= 0"),
+        ({"max_workers": 2**31}, "max_workers must be a positive integer (at most 2147483647)"),
+        ({"claim_batch_size": 2**31}, "claim_batch_size must be a positive integer"),
+        ({"prefetch": 2**31}, "prefetch must be an integer >= 0"),
+        ({"deadline_duration": float("nan")}, "deadline_duration must be a finite number"),
+        ({"deadline_duration": 1e300}, "deadline_duration is 1e+300 seconds; the limit is"),
+        ({"poll_interval": "1"}, "poll_interval must be a finite number of seconds, not str"),
+        ({"completed_retention": float("inf")}, "completed_retention must be a finite number"),
+        ({"retry": awa.RetryPolicy()}, None),
     ],
 )
-def test_bad_queue_options_are_named(options: dict[str, Any], message: str) -> None:
+def test_bad_queue_options_are_named(options: dict[str, Any], message: str | None) -> None:
+    if message is None:  # the table's control row: a good value passes
+        QueueConfig("api", **options)
+        return
     with pytest.raises(awa.ValidationError, match="queue 'api'") as error:
         QueueConfig("api", **options)
     assert message in str(error.value)
@@ -134,6 +159,50 @@ async def test_start_rejects_bad_flow_options_before_anything_runs(
         await client.start({"api": {"min_workers": 6}}, global_max_workers=5)
     assert client.runtime is None
     assert conn.execute("SELECT count(*) FROM awa.queue_limits").fetchone() == (0,)
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"rate_limit": (5, 2**31)}, "burst"),
+        ({"rate_limit": (2**40, 0)}, "rate"),
+        ({"global_max_running": 2**31}, "global_max_running"),
+        ({"key_concurrency": 2**63}, "key_concurrency"),
+        ({"global_max_running": float("nan")}, "global_max_running"),
+    ],
+)
+async def test_limits_beyond_their_columns_are_refused_at_start(
+    client: awa.AsyncClient, conn: Conn, options: dict[str, Any], field: str
+) -> None:
+    """Limits are stored in integer (and double) columns: a value beyond them is refused
+    by start(), naming it, before anything is stored (not a NumericValueOutOfRange)."""
+    register(client)
+    with pytest.raises(awa.ValidationError, match=field) as error:
+        await client.start({"api": options})
+    assert "queue 'api'" in str(error.value)
+    assert client.runtime is None
+    assert conn.execute("SELECT count(*) FROM awa.queue_limits").fetchone() == (0,)
+    assert conn.execute("SELECT count(*) FROM awa.runtimes").fetchone() == (0,)
+
+
+async def test_a_restart_with_the_same_limits_does_not_warn(
+    database_url: str, conn: Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    """(20, 5) and (20.0, 5) are the same limits: a restart with either logs nothing, while
+    a real change is logged once, naming the old and new limits."""
+    caplog.set_level("WARNING", logger="awa.worker")
+    for limits in [(20, 5), (20.0, 5), (20, 5), (20.5, 5)]:
+        async with awa.AsyncClient(database_url) as worker:
+            register(worker)
+            await start(worker, queue("api", rate_limit=limits, global_max_running=3))
+    changed = [r.getMessage() for r in caplog.records if "flow limits changed" in r.getMessage()]
+    assert changed == [
+        "queue api: flow limits changed from (20,5,3,) to (20.5,5,3,) (rate, burst, "
+        "global_max_running, key_concurrency); workers still running the old ones keep them "
+        "until restarted"
+    ]
+    row = conn.execute("SELECT rate, burst, max_running FROM awa.queue_limits").fetchone()
+    assert row == (20.5, 5, 3)
 
 
 # The concurrency key ----------------------------------------------------------------------

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from awa.arguments import check_id, check_ids, check_limit, check_text, optional_name
 from awa.batch_operations import (
     cancel_batch_operation,
     get_batch_operation,
@@ -55,7 +56,14 @@ from awa.dlq import (
 from awa.errors import ValidationError
 from awa.insert import unique_key
 from awa.kinds import args_to_json_value, dump_json
-from awa.model import JobRow, JobState, check_name, parse_state
+from awa.model import (
+    BIGINT_MAX,
+    JobRow,
+    JobState,
+    check_int_range,
+    check_name,
+    parse_state,
+)
 from awa.observability.queue_stats import HeldBack, QueueLimits, QueueStats, queue_stats
 from awa.periodic import (
     CronJob,
@@ -135,9 +143,7 @@ def _count(rows: list[dict[str, Any]]) -> int:
 
 
 def _job_id(job_id: object) -> int:
-    if isinstance(job_id, bool) or not isinstance(job_id, int):
-        raise ValidationError(f"job id must be an integer, not {type(job_id).__name__}")
-    return job_id
+    return check_id("job id", job_id)
 
 
 @operation
@@ -154,14 +160,12 @@ def list_jobs(
     queue: str | None = None,
     limit: int = 100,
 ) -> Statement[list[JobRow]]:
-    """Jobs matching every given filter, newest first."""
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise ValidationError("limit must be a positive integer")
+    """Jobs matching every given filter, newest first; ``limit`` 1 to 1000."""
     params = {
         "state": parse_state(state).value if state is not None else None,
-        "kind": kind,
-        "queue": queue,
-        "limit": limit,
+        "kind": optional_name("kind", kind),
+        "queue": optional_name("queue", queue),
+        "limit": check_limit("limit", limit),
     }
     return Statement(query("list_jobs"), params, _jobs)
 
@@ -187,6 +191,9 @@ def cancel_by_unique_key(
     number (``awa.insert.period_bucket(period_seconds, run_at)``).
     """
     check_name("kind", kind)
+    optional_name("queue", queue)
+    if period_bucket is not None:
+        check_int_range("period_bucket", period_bucket, -BIGINT_MAX - 1, BIGINT_MAX)
     args_json = (
         dump_json(args_to_json_value(args), "args", sort_keys=True) if args is not None else None
     )
@@ -201,7 +208,8 @@ def retry(job_id: int) -> Statement[JobRow | None]:
 
 
 def _job_ids(ids: Sequence[int] | None) -> list[int] | None:
-    return None if ids is None else [_job_id(job_id) for job_id in ids]
+    """``ids=``: 1 to 10,000 job ids."""
+    return None if ids is None else check_ids("ids", ids)
 
 
 class RetryFailedResult(list[JobRow]):
@@ -237,7 +245,11 @@ def retry_failed(
     the key two holders), and of failed jobs sharing a key only the newest runs again."""
     if [kind, queue, ids].count(None) != 2:
         raise ValidationError("retry_failed() needs exactly one of kind=, queue= or ids=")
-    params = {"kind": kind, "queue": queue, "ids": _job_ids(ids)}
+    params = {
+        "kind": optional_name("kind", kind),
+        "queue": optional_name("queue", queue),
+        "ids": _job_ids(ids),
+    }
     return _retry_failed_flow(params)
 
 
@@ -265,8 +277,12 @@ def run_now(job_id: int) -> Statement[JobRow | None]:
 
 @operation
 def pause_queue(queue: str, *, paused_by: str | None = None) -> Statement[None]:
-    """Stop workers from claiming jobs of this queue (running jobs finish)."""
-    params = {"queue": check_name("queue", queue), "paused_by": paused_by}
+    """Stop workers from claiming jobs of this queue (running jobs finish); ``paused_by``
+    (who, for operators) is at most 200 characters."""
+    params = {
+        "queue": check_name("queue", queue),
+        "paused_by": None if paused_by is None else check_text("paused_by", paused_by),
+    }
     return Statement(query("pause_queue"), params, lambda rows: None)
 
 

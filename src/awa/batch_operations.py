@@ -24,16 +24,19 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, TypedDict, cast, get_args
 
+from awa.arguments import check_limit, check_text
 from awa.db import Flow, Statement, operation
-from awa.errors import ValidationError
+from awa.errors import ArgumentTypeError, ValidationError
 from awa.kinds import dump_json
 from awa.model import (
+    MAX_IDS,
+    MAX_LIST_LIMIT,
     MAX_PRIORITY,
     MIN_PRIORITY,
     JobRow,
     JobState,
-    check_encodable,
     check_name,
+    check_run_at,
     parse_state,
 )
 from awa.sql import query
@@ -108,7 +111,7 @@ OP_KINDS: tuple[str, ...] = get_args(BatchOperationKind)
 STATES: tuple[str, ...] = get_args(BatchOperationState)
 QUEUED = (JobState.AVAILABLE, JobState.SCHEDULED)
 PREVIEW_SAMPLE = 10
-MAX_LIST_LIMIT = 1000
+MAX_PURGE_LIMIT = 10_000
 _FILTER_KEYS = tuple(BatchOperationFilter.__annotations__)
 
 
@@ -124,7 +127,9 @@ def _required(spec: Mapping[str, Any], key: str) -> Any:
 
 def _priority(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"batch operation priority must be an int, not {type(value).__name__}")
+        raise ArgumentTypeError(
+            f"batch operation priority must be an int, not {type(value).__name__}"
+        )
     if not MIN_PRIORITY <= value <= MAX_PRIORITY:
         raise ValidationError(f"priority must be between {MIN_PRIORITY} and {MAX_PRIORITY}")
     return value
@@ -134,14 +139,14 @@ def parse_spec(op_kind: object, spec: object) -> dict[str, Any]:
     """The stored spec of an operation: ``{"op_kind": ..., "priority": ...}`` or
     ``{"op_kind": "move_queue", "queue": ..., "priority": ... or None}``."""
     if not isinstance(spec, Mapping):
-        raise TypeError("batch operation spec must be a dict")
+        raise ArgumentTypeError("batch operation spec must be a dict")
     if op_kind not in OP_KINDS:
         raise ValidationError(f"unknown batch operation kind: {op_kind}")
     if op_kind == "set_priority":
         return {"op_kind": op_kind, "priority": _priority(_required(spec, "priority"))}
     queue = _required(spec, "queue")
     if not isinstance(queue, str):
-        raise TypeError(f"batch operation queue must be a str, not {type(queue).__name__}")
+        raise ArgumentTypeError(f"batch operation queue must be a str, not {type(queue).__name__}")
     if not queue or len(queue) > 200:
         raise ValidationError("destination queue must be 1 to 200 characters")
     check_name("destination queue", queue)
@@ -160,7 +165,7 @@ def _timestamp(key: str, value: object) -> dt.datetime:
         except ValueError as error:
             raise ValidationError(f"invalid RFC3339 timestamp: {error}") from None
     if not isinstance(value, dt.datetime):
-        raise TypeError(f"filter {key} must be a datetime or an RFC 3339 string")
+        raise ArgumentTypeError(f"filter {key} must be a datetime or an RFC 3339 string")
     if value.tzinfo is None or value.utcoffset() is None:
         raise ValidationError(f"filter {key} must be timezone-aware")
     return value.astimezone(dt.UTC)
@@ -168,19 +173,21 @@ def _timestamp(key: str, value: object) -> dt.datetime:
 
 def _ids(value: object) -> list[int]:
     if isinstance(value, str | bytes | Mapping) or not hasattr(value, "__iter__"):
-        raise TypeError("filter ids must be a list of ints")
-    ids = list(value)
+        raise ArgumentTypeError("filter ids must be a list of ints")
+    ids = list(cast(Any, value))
     for job_id in ids:
         if isinstance(job_id, bool) or not isinstance(job_id, int):
-            raise TypeError(f"filter ids must be ints, not {type(job_id).__name__}")
+            raise ArgumentTypeError(f"filter ids must be ints, not {type(job_id).__name__}")
         if not 0 < job_id < 2**63:
             raise ValidationError(f"filter ids must be job ids (positive integers), got {job_id}")
+    if len(set(ids)) > MAX_IDS:
+        raise ValidationError(f"filter ids holds {len(set(ids))} job ids; the limit is {MAX_IDS}")
     return ids
 
 
 def _filter_text(key: str, value: object) -> str:
     if not isinstance(value, str):
-        raise TypeError(f"filter {key} must be a str, not {type(value).__name__}")
+        raise ArgumentTypeError(f"filter {key} must be a str, not {type(value).__name__}")
     return check_name(key, value)
 
 
@@ -189,7 +196,7 @@ def parse_filter(value: object, op_kind: str) -> dict[str, Any]:
     if value is None:
         value = {}
     if not isinstance(value, Mapping):
-        raise TypeError("batch operation filter must be a dict or None")
+        raise ArgumentTypeError("batch operation filter must be a dict or None")
     # An ignored misspelt key would widen the operation: refuse it.
     unknown = sorted(str(key) for key in value if key not in _FILTER_KEYS)
     if unknown:
@@ -232,11 +239,12 @@ def _operation_id(value: object) -> uuid.UUID:
     if isinstance(value, uuid.UUID):
         return value
     if not isinstance(value, str):
-        raise TypeError(f"batch operation id must be a str, not {type(value).__name__}")
+        raise ArgumentTypeError(f"batch operation id must be a str, not {type(value).__name__}")
     try:
         return uuid.UUID(value)
     except ValueError as error:
-        raise ValidationError(f"invalid batch operation id: {error}: {value!r}") from None
+        shown = repr(value) if len(value) <= 60 else f"{value[:40]!r}... ({len(value)} characters)"
+        raise ValidationError(f"invalid batch operation id: {error}: {shown}") from None
 
 
 # Records ----------------------------------------------------------------------------------
@@ -327,10 +335,8 @@ def submit_batch_operation(
         raise ValidationError("batch operation requires a filter or allow_all=true")
     if submitted_by is not None:
         if not isinstance(submitted_by, str):
-            raise TypeError("submitted_by must be a str")
-        if len(submitted_by) > 200 or "\x00" in submitted_by:
-            raise ValidationError("submitted_by must be at most 200 characters, without NUL")
-        check_encodable("submitted_by", submitted_by)
+            raise ArgumentTypeError("submitted_by must be a str")
+        check_text("submitted_by", submitted_by)
     params = {
         "id": uuid.uuid4(),
         "op_kind": parsed["op_kind"],
@@ -345,12 +351,13 @@ def submit_batch_operation(
 def list_batch_operations(
     *, state: BatchOperationState | None = None, limit: int = 100
 ) -> Statement[list[BatchOperation]]:
-    """Operations, newest first; ``state`` keeps those in it; ``limit`` 1 to 1000."""
+    """Operations, newest first; ``state`` keeps those in it; ``limit`` 1 to 1000
+    (ValidationError outside)."""
     if state is not None and state not in STATES:
         raise ValidationError(f"unknown batch operation state: {state}")
     if isinstance(limit, bool) or not isinstance(limit, int):
-        raise TypeError("limit must be an int")
-    params = {"state": state, "limit": min(max(limit, 1), MAX_LIST_LIMIT)}
+        raise ArgumentTypeError(f"limit must be an int, not {type(limit).__name__}")
+    params = {"state": state, "limit": check_limit("limit", limit, MAX_LIST_LIMIT)}
     return Statement(query("batch_list"), params, _records)
 
 
@@ -390,13 +397,17 @@ def cancel_batch_operation(operation_id: str | uuid.UUID) -> Flow[BatchOperation
 
 @operation
 def purge_batch_operations(before: dt.datetime, *, limit: int = 1000) -> Statement[int]:
-    """Delete up to ``limit`` finished operations finalized before ``before``; returns how
-    many. (The leader also deletes them 90 days after they finish.)"""
+    """Delete up to ``limit`` (1 to 10,000) finished operations finalized before ``before``;
+    returns how many. (The leader also deletes them 90 days after they finish.)"""
     if not isinstance(before, dt.datetime):
-        raise TypeError("before must be a datetime")
+        raise ArgumentTypeError("before must be a datetime")
     if before.tzinfo is None or before.utcoffset() is None:
         raise ValidationError("before must be timezone-aware")
+    try:
+        check_run_at(before)
+    except ValidationError:
+        raise ValidationError("before must fall within years 1-9999 in UTC") from None
     if isinstance(limit, bool) or not isinstance(limit, int):
-        raise TypeError("limit must be an int")
-    params = {"before": before, "limit": max(limit, 1)}
+        raise ArgumentTypeError(f"limit must be an int, not {type(limit).__name__}")
+    params = {"before": before, "limit": check_limit("limit", limit, MAX_PURGE_LIMIT)}
     return Statement(query("batch_purge"), params, lambda rows: int(rows[0]["count"]))

@@ -18,6 +18,7 @@ import psycopg_pool
 
 from awa import admin, callbacks
 from awa.admin import CronJob, QueueStats
+from awa.arguments import check_client_options, check_seconds
 from awa.batch_methods import BatchMethods
 from awa.bulk_copy import copy_flow, with_per_job_opts
 from awa.callbacks.resolution import CallbackId
@@ -69,8 +70,7 @@ class Client(DlqMethods, DescriptorListing, BatchMethods, WorkflowMethods):
         max_args_bytes: int = MAX_ARGS_BYTES,
         max_metadata_bytes: int = MAX_METADATA_BYTES,
     ) -> None:
-        if max_connections < 1:
-            raise ValueError("max_connections must be at least 1")
+        check_client_options(max_connections, application_name)
         self._url = url
         self._max_connections = max_connections
         self._application_name = application_name
@@ -171,6 +171,7 @@ class Client(DlqMethods, DescriptorListing, BatchMethods, WorkflowMethods):
         """Database reachable and migrated, a maintenance leader somewhere, the live
         workers, each queue's backlog and lag, and the queues nobody serves (see
         ``AsyncClient.health_check``)."""
+        check_seconds("unserved_after", unserved_after)
         try:
             pool = self.pool()
             with translate_errors(), pool.connection(timeout=HEALTH_CHECK_TIMEOUT) as conn:

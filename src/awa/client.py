@@ -20,6 +20,7 @@ import psycopg_pool
 
 from awa import admin
 from awa.admin import CronJob, QueueStats
+from awa.arguments import check_client_options, check_flag, check_seconds
 from awa.batch_methods import AsyncBatchMethods
 from awa.bulk_copy import copy_flow, with_per_job_opts
 from awa.callbacks.resolution import CallbackResolution
@@ -107,8 +108,7 @@ class AsyncClient(
         max_args_bytes: int = MAX_ARGS_BYTES,
         max_metadata_bytes: int = MAX_METADATA_BYTES,
     ) -> None:
-        if max_connections < 1:
-            raise ValueError("max_connections must be at least 1")
+        check_client_options(max_connections, application_name)
         self._url = url
         self._max_connections = max_connections
         self._application_name = application_name
@@ -422,8 +422,8 @@ class AsyncClient(
         if timeout is not None and timeout_ms is not None:
             raise ValidationError("shutdown(): give timeout (seconds) or timeout_ms, not both")
         if timeout_ms is not None:
-            timeout = timeout_ms / 1000
-        timeout = 30.0 if timeout is None else timeout
+            timeout = check_seconds("timeout_ms", timeout_ms) / 1000
+        timeout = 30.0 if timeout is None else check_seconds("timeout", timeout)
         runtime, self._runtime = self._runtime, None
         if runtime is None:
             if self._stopping is not None and timeout == 0:
@@ -440,6 +440,7 @@ class AsyncClient(
         self, queues: QueuesSpec = None, *, shutdown_timeout: float = 30.0, **options: Any
     ) -> AsyncIterator[Self]:
         """``async with client.run(queues):`` works the queues for the block's duration."""
+        check_seconds("shutdown_timeout", shutdown_timeout)
         await self.start(queues, **options)
         try:
             yield self
@@ -454,6 +455,8 @@ class AsyncClient(
         ``status`` is ``degraded`` when a queue's available jobs have waited more than
         ``unserved_after`` seconds while no live worker runs it. ``queues=False`` skips the
         per-queue counts (for frequent probes on a large job table)."""
+        check_seconds("unserved_after", unserved_after)
+        check_flag("queues", queues)
         runtime = self._runtime.health() if self._runtime is not None else None
         try:
             pool = await self.pool()

@@ -21,6 +21,7 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
+from awa.arguments import check_id, check_limit
 from awa.db import Statement, operation
 from awa.errors import UniqueConflict, ValidationError
 from awa.model import (
@@ -92,9 +93,7 @@ def _count(rows: list[dict[str, Any]]) -> int:
 
 
 def _job_id(value: object, field: str = "job id") -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValidationError(f"{field} must be an integer, not {type(value).__name__}")
-    return value
+    return check_id(field, value)
 
 
 def _optional_name(field: str, value: str | None) -> str | None:
@@ -152,10 +151,12 @@ def list_dlq(
 ) -> Statement[list[DlqEntry]]:
     """Entries matching every given filter, newest first (``dlq_at``, then id). For the next
     page pass the last entry's ``dlq_at`` and ``job.id`` as ``before_dlq_at`` and
-    ``before_id``."""
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise ValidationError("limit must be a positive integer")
-    params = {**_filters(kind, queue, tag), **_cursor(before_id, before_dlq_at), "limit": limit}
+    ``before_id``. ``limit``: 1 to 1000."""
+    params = {
+        **_filters(kind, queue, tag),
+        **_cursor(before_id, before_dlq_at),
+        "limit": check_limit("limit", limit),
+    }
     return Statement(query("dlq_list"), params, _entries)
 
 

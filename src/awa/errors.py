@@ -14,6 +14,11 @@ class ValidationError(AwaError, ValueError):
     """
 
 
+class ArgumentTypeError(ValidationError, TypeError):
+    """A ValidationError for an argument of the wrong type (a string where a number goes).
+    It is also a ``TypeError``, which the reference package raises for these."""
+
+
 class UniqueConflict(AwaError):
     """An insert collided with a job holding the same unique key.
 

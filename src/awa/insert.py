@@ -491,6 +491,9 @@ def insert_flow(jobs: Sequence[PreparedJob]) -> Flow[list[JobRow]]:
     Several jobs with unique keys must run inside a transaction (or savepoint) so that a
     conflict undoes the rows that did go in.
     """
+    parents = [parent for job in jobs for parent in job.depends_on or ()]
+    if parents:
+        yield from dependency_preflight_flow(parents)
     inserted: list[JobRow] = []
     for start in range(0, len(jobs), INSERT_CHUNK):
         chunk = jobs[start : start + INSERT_CHUNK]
@@ -503,6 +506,40 @@ def insert_flow(jobs: Sequence[PreparedJob]) -> Flow[list[JobRow]]:
         rows.sort(key=lambda row: row["id"])
         inserted.extend(_inserted(job, row) for job, row in zip(chunk, rows, strict=True))
     return inserted
+
+
+def dependency_preflight_flow(
+    parents: Iterable[int], workflow: Any = None, workflow_name: str | None = None
+) -> Flow[None]:
+    """Before an insert: raise ValidationError naming the ``depends_on`` ids that name no job
+    yet (a parent must exist before its child is inserted, so a job can never wait for
+    itself nor for another job of the same insert), or when jobs of ``workflow`` (an id)
+    exist already or another transaction is inserting them (it takes a transaction-level
+    lock on the workflow id). Nothing is inserted when it raises."""
+    wanted = sorted(set(parents))
+
+    def decode(rows: list[dict[str, Any]]) -> None:
+        missing = [int(job_id) for job_id in rows[0]["missing"]]
+        if rows[0]["busy"]:
+            raise ValidationError(
+                f"workflow {workflow_name!r} ({workflow}) is being inserted by another "
+                "transaction: a Workflow object inserts once"
+            )
+        if rows[0]["taken"]:
+            raise ValidationError(
+                f"workflow {workflow_name!r} ({workflow}) was inserted already: a Workflow "
+                "object inserts once (build a new one to insert the same steps again)"
+            )
+        if missing:
+            shown = ", ".join(str(job_id) for job_id in missing[:20])
+            more = f" and {len(missing) - 20} more" if len(missing) > 20 else ""
+            raise ValidationError(
+                f"depends_on names jobs that do not exist: {shown}{more} (a job can depend "
+                "only on jobs that exist before it is inserted)"
+            )
+
+    params = {"parents": wanted, "workflow": workflow}
+    yield Statement(query("dependency_preflight"), params, decode)
 
 
 def unique_conflict_flow(

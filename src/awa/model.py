@@ -19,27 +19,45 @@ DEFAULT_QUEUE = "default"
 DEFAULT_PRIORITY = 2
 DEFAULT_MAX_ATTEMPTS = 25
 
+# Column ranges: job ids and run leases are bigint; limits stored per queue are integer.
+BIGINT_MAX = 2**63 - 1
+INT_MAX = 2**31 - 1
+# Rows one list call returns at most (list_jobs, list_dlq, list_batch_operations).
+MAX_LIST_LIMIT = 1000
+# Job ids one call takes at most (wait_many, depends_on, retry_failed(ids=), ...).
+MAX_IDS = 10_000
+
 
 DEPENDENCY_POLICIES = ("cancel", "run", "wait")
 
 
 def dependency_ids(value: object) -> tuple[int, ...] | None:
-    """``depends_on`` as job ids: a list of ids or rows (anything with an ``id``)."""
+    """``depends_on`` as job ids: a list of ids or rows (anything with an ``id``), each a
+    job id (1 to 2**63 - 1), at most ``MAX_IDS`` of them."""
     if value is None:
         return None
-    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+    if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
         raise ValidationError("depends_on must be a list of jobs or job ids")
     ids = []
-    for item in value:
+    for item in cast(Iterable[object], value):
         job_id = getattr(item, "id", item)
-        if isinstance(job_id, bool) or not isinstance(job_id, int) or job_id < 1:
+        if isinstance(job_id, bool) or not isinstance(job_id, int) or not 1 <= job_id <= BIGINT_MAX:
             raise ValidationError(
-                f"depends_on: {item!r} is neither a job nor a job id (a positive integer)"
+                f"depends_on: {short_repr(item)} is neither a job nor a job id (an integer from 1 "
+                f"to {BIGINT_MAX})"
             )
         ids.append(job_id)
+        if len(ids) > MAX_IDS:
+            raise ValidationError(f"depends_on names more than {MAX_IDS} jobs")
     if not ids:
         return None
     return tuple(dict.fromkeys(ids))
+
+
+def short_repr(value: object) -> str:
+    """``repr`` of a bad value, cut to a readable length for an error message."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:40]}... ({len(text)} characters)"
 
 
 class MappingAccess:
@@ -125,7 +143,9 @@ def parse_state(value: JobState | str) -> JobState:
         return JobState(value)
     except ValueError:
         names = ", ".join(state.value for state in JobState)
-        raise ValidationError(f"unknown job state {value!r}; expected one of: {names}") from None
+        raise ValidationError(
+            f"unknown job state {short_repr(value)}; expected one of: {names}"
+        ) from None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -145,19 +165,26 @@ class UniqueOpts:
 
     def __post_init__(self) -> None:
         if self.by_period is not None:
-            seconds = _seconds(self.by_period, "unique_opts.by_period")
+            seconds = seconds_of(self.by_period, "unique_opts.by_period")
             if seconds <= 0:
                 raise ValidationError("unique_opts.by_period must be a positive period length")
-        states = self.states
+        states: object = self.states
+        if isinstance(states, bool | str | bytes) or not isinstance(states, int | Iterable):
+            raise ValidationError(
+                "unique_opts.states must be a set of job states or a bitmask, not "
+                f"{type(states).__name__}"
+            )
         if isinstance(states, int):
             states = _states_from_mask(states)
-        object.__setattr__(self, "states", frozenset(parse_state(s) for s in states))
+        object.__setattr__(
+            self, "states", frozenset(parse_state(s) for s in cast(Iterable[Any], states))
+        )
 
     @property
     def period_seconds(self) -> float | None:
         if self.by_period is None:
             return None
-        return _seconds(self.by_period, "unique_opts.by_period")
+        return seconds_of(self.by_period, "unique_opts.by_period")
 
     @property
     def mask(self) -> int:
@@ -193,14 +220,22 @@ def _states_from_mask(mask: int) -> frozenset[JobState]:
     )
 
 
-def _seconds(value: float | dt.timedelta, field: str) -> float:
+def seconds_of(value: float | dt.timedelta, field: str) -> float:
+    """A duration as seconds; ValidationError for anything but a finite number or a
+    timedelta."""
     if isinstance(value, dt.timedelta):
         return value.total_seconds()
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValidationError(f"{field} must be a number of seconds or a timedelta")
-    if not math.isfinite(value):
+        raise ValidationError(
+            f"{field} must be a number of seconds or a timedelta, not {type(value).__name__}"
+        )
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int beyond any float
+        raise ValidationError(f"{field} must be finite") from None
+    if not math.isfinite(seconds):
         raise ValidationError(f"{field} must be finite")
-    return float(value)
+    return seconds
 
 
 # Longest duration an option may give. Far beyond any real deadline, and far inside what a
@@ -210,7 +245,7 @@ MAX_DURATION = dt.timedelta(days=36525)
 
 
 def to_timedelta(value: float | dt.timedelta, field: str) -> dt.timedelta:
-    seconds = _seconds(value, field)
+    seconds = seconds_of(value, field)
     if seconds < 0:
         raise ValidationError(f"{field} must not be negative")
     if seconds > MAX_DURATION.total_seconds():

@@ -15,6 +15,7 @@ from typing import Any
 
 import psycopg
 
+from awa.arguments import check_id, check_ids, check_seconds
 from awa.db import Statement, drive_async, drive_sync, run_async, run_sync
 from awa.errors import AwaError, ValidationError
 from awa.insert import InsertRules
@@ -43,16 +44,9 @@ class _Waiting:
     and the time left. The async and blocking clients drive it with their own LISTEN."""
 
     def __init__(self, job_ids: Iterable[int], timeout: float | None) -> None:
-        self.ids = list(dict.fromkeys(job_ids))
-        if not self.ids:
-            raise ValidationError("wait_many() needs at least one job id")
-        for job_id in self.ids:
-            if isinstance(job_id, bool) or not isinstance(job_id, int):
-                raise ValidationError(f"job id must be an integer, not {type(job_id).__name__}")
-        if timeout is not None and (isinstance(timeout, bool) or timeout < 0):
-            raise ValidationError("timeout must be a number of seconds >= 0, or None")
-        self.timeout = timeout
-        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.ids = check_ids("job_ids", job_ids)
+        self.timeout = _timeout(timeout)
+        self.deadline = None if self.timeout is None else time.monotonic() + self.timeout
         self.pending = set(self.ids)
         self.finished: dict[int, JobRow] = {}
         self.watching = False
@@ -97,6 +91,16 @@ class _Waiting:
         return {int(p) for p in payloads if p.isdigit() and int(p) in self.pending}
 
 
+def _timeout(value: object) -> float | None:
+    """``timeout`` in seconds: None (no limit), or a finite number from 0 to 100 years."""
+    if value is None:
+        return None
+    try:
+        return check_seconds("timeout", value)
+    except ValidationError as error:
+        raise ValidationError(f"{error} (None waits without a limit)") from None
+
+
 class AsyncWorkflowMethods:
     """Mixin of ``AsyncClient``."""
 
@@ -134,13 +138,16 @@ class AsyncWorkflowMethods:
 
     async def wait(self, job_id: int, *, timeout: float | None = None) -> JobRow:
         """The job's row once it is completed, failed or cancelled (with its output).
-        Raises WaitTimeout after ``timeout`` seconds, ValidationError for an unknown id."""
+        Raises WaitTimeout after ``timeout`` seconds (a finite number from 0 to 100 years;
+        None: no limit), ValidationError for an unknown id or a bad argument."""
+        check_id("job_id", job_id)
         return (await self.wait_many([job_id], timeout=timeout))[job_id]
 
     async def wait_many(
         self, job_ids: Iterable[int], *, timeout: float | None = None
     ) -> dict[int, JobRow]:
-        """``wait`` for several jobs: their final rows by id, once all have finished."""
+        """``wait`` for several jobs (1 to 10,000 ids): their final rows by id, once all have
+        finished."""
         waiting = _Waiting(job_ids, timeout)
         async with self.connection() as conn:
             await conn.execute(f"LISTEN {CHANNEL}")
@@ -186,6 +193,7 @@ class WorkflowMethods:
             return run_sync(conn, statement)
 
     def wait(self, job_id: int, *, timeout: float | None = None) -> JobRow:
+        check_id("job_id", job_id)
         return self.wait_many([job_id], timeout=timeout)[job_id]
 
     def wait_many(

@@ -21,7 +21,14 @@ import orjson
 from awa.db import Flow, Statement
 from awa.dependencies import dependencies_flow
 from awa.errors import ValidationError
-from awa.insert import InsertRules, PreparedJob, insert_flow, prepare_job, split_kwargs
+from awa.insert import (
+    InsertRules,
+    PreparedJob,
+    dependency_preflight_flow,
+    insert_flow,
+    prepare_job,
+    split_kwargs,
+)
 from awa.model import DEPENDENCY_POLICIES, EnqueueRequest, JobRow, check_name, dependency_ids
 from awa.sql import query
 
@@ -78,12 +85,18 @@ class Workflow:
             )
         if "depends_on" in options or "on_dependency_failure" in options:
             raise ValidationError("give depends_on to add(), once")
+        if isinstance(depends_on, str | bytes | Mapping) or not isinstance(depends_on, Iterable):
+            raise ValidationError("depends_on must be a list of steps, jobs or job ids")
         steps: list[int] = []
         external: list[Any] = []
         for parent in depends_on:
             if isinstance(parent, Step):
                 if parent.workflow != self.id:
                     raise ValidationError("depends_on names a step of another workflow")
+                if isinstance(parent.index, bool) or not isinstance(parent.index, int):
+                    raise ValidationError(
+                        f"depends_on names a step whose index is {parent.index!r}"
+                    )
                 steps.append(parent.index)
             else:
                 external.append(parent)
@@ -107,10 +120,32 @@ class Workflow:
     def _mark(self, step: Step, key: str, value: Any) -> None:
         self._planned[step.index].metadata[key] = value
 
+    def check_steps(self) -> None:
+        """Raise ValidationError naming the steps when one depends on a step that does not
+        exist, or when steps depend on each other in a cycle (they would wait for ever)."""
+        count = len(self._planned)
+        if not count:
+            raise ValidationError(f"workflow {self.name!r} has no jobs")
+        for index, planned in enumerate(self._planned):
+            for parent in planned.steps:
+                if not 0 <= parent < count:
+                    raise ValidationError(
+                        f"workflow {self.name!r}: step {index} depends on step {parent}, which "
+                        f"does not exist (the steps are 0 to {count - 1})"
+                    )
+                if parent == index:
+                    raise ValidationError(f"workflow {self.name!r}: step {index} depends on itself")
+        cycle = _cycle([planned.steps for planned in self._planned])
+        if cycle:
+            path = " -> ".join(str(step) for step in cycle)
+            raise ValidationError(
+                f"workflow {self.name!r}: steps {path} depend on each other in a cycle, so "
+                "none of them could ever run"
+            )
+
     def prepare(self, rules: InsertRules) -> list[PreparedJob]:
         """The steps as jobs (validated), in the order they were added."""
-        if not self._planned:
-            raise ValidationError(f"workflow {self.name!r} has no jobs")
+        self.check_steps()
         prepared = []
         for index, planned in enumerate(self._planned):
             kind, opts = split_kwargs("add", planned.kwargs)
@@ -127,19 +162,55 @@ class Workflow:
         return prepared
 
     def flow(self, rules: InsertRules) -> Flow[WorkflowRun]:
-        """Insert the workflow; run it inside a transaction."""
+        """Insert the workflow; run it inside a transaction (or savepoint), which it leaves
+        to roll back when it raises.
+
+        A Workflow inserts once: a second insert of the same object (or of a copy, which has
+        the same id) raises ValidationError, whether the first committed earlier or is being
+        inserted by another transaction now."""
         prepared = self.prepare(rules)
+        external = [parent for planned in self._planned for parent in planned.external]
+        yield from dependency_preflight_flow(external, self.id, self.name)
         rows = yield from insert_flow(prepared)
         for planned, job in zip(self._planned, prepared, strict=True):
             parents = [rows[index].id for index in planned.steps] + list(planned.external)
             job.depends_on = tuple(dict.fromkeys(parents)) or None
         rows = yield from dependencies_flow(rows, prepared)
         ids = [row.id for row in rows]
-        yield Statement(query("set_workflow"), {"workflow": self.id, "ids": ids}, _nothing)
+        yield Statement(query("set_workflow"), {"workflow": self.id, "ids": ids}, self._alone)
         return WorkflowRun(self.id, self.name, rows)
 
+    def _alone(self, rows: list[dict[str, Any]]) -> None:
+        """set_workflow's check: no other transaction committed jobs of this workflow id
+        while this one inserted its own (the preflight's lock makes that a narrow race)."""
+        if rows and rows[0]["others"]:
+            raise ValidationError(
+                f"workflow {self.name!r} ({self.id}) was inserted already: a Workflow object "
+                "inserts once (build a new one to insert the same steps again)"
+            )
 
-def _nothing(rows: list[Any]) -> None:
+
+def _cycle(parents: list[tuple[int, ...]]) -> list[int] | None:
+    """A cycle among steps (``parents[i]``: the steps step i depends on), as the path of
+    steps that closes it (``[0, 2, 0]``), or None. Iterative depth-first search."""
+    state = [0] * len(parents)  # 0: not seen, 1: on the current path, 2: done
+    for root in range(len(parents)):
+        if state[root]:
+            continue
+        path = [root]
+        pending = [iter(parents[root])]
+        state[root] = 1
+        while pending:
+            step = next(pending[-1], None)
+            if step is None:
+                state[path.pop()] = 2
+                pending.pop()
+            elif state[step] == 1:
+                return [*path[path.index(step) :], step]
+            elif state[step] == 0:
+                state[step] = 1
+                path.append(step)
+                pending.append(iter(parents[step]))
     return None
 
 
@@ -171,6 +242,10 @@ def batch_workflow(
 ) -> tuple[Workflow, Step]:
     """The workflow of a batch: each member with ``options`` (an ``EnqueueRequest`` member
     sets its own), and the fan-in job ``on_complete`` after all of them."""
+    if isinstance(members, str | bytes | Mapping) or not isinstance(members, Iterable):
+        raise ValidationError(
+            f"insert_batch() takes a list of members (args), not {type(members).__name__}"
+        )
     workflow = Workflow("batch")
     steps = [workflow.add(member, **options) for member in members]
     if not steps:
@@ -213,10 +288,15 @@ class WorkflowInfo:
 
 
 def workflow_id(value: uuid.UUID | str) -> uuid.UUID:
+    if isinstance(value, uuid.UUID):
+        return value
+    if not isinstance(value, str):
+        raise ValidationError(f"a workflow id is a UUID, not a {type(value).__name__}")
     try:
-        return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
+        return uuid.UUID(value)
     except ValueError:
-        raise ValidationError(f"a workflow id is a UUID, not {value!r}") from None
+        shown = repr(value) if len(value) <= 60 else f"{value[:40]!r}... ({len(value)} characters)"
+        raise ValidationError(f"a workflow id is a UUID, not {shown}") from None
 
 
 def _info(rows: list[dict[str, Any]]) -> list[WorkflowJob]:

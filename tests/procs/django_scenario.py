@@ -204,6 +204,46 @@ def bad_settings() -> dict[str, Any]:
     return out
 
 
+def _hostile_call(surface: str, value: Any) -> Any:
+    if surface == "awa_settings":
+        with override_settings(AWA=value):
+            return conf.load()
+    if surface == "backend_options":
+        return AwaTaskBackend("hostile", {"OPTIONS": value})
+    if surface == "queue_name":
+        return tasks.add.using(backend="retrying", queue_name=value).enqueue(1, 1)
+    if surface == "args":
+        return tasks.add.enqueue(value, 1)
+    if surface == "get_result":
+        return compat.task_backends["default"].get_result(value)
+    raise AssertionError(f"unknown surface {surface!r}")
+
+
+def hostile() -> dict[str, Any]:
+    """Each case of the JSON table in argv[2] ({"id", "surface", "value"}): the error it
+    raised (class, message, whether a ValueError), and the jobs counted before and after."""
+    table = json.loads(sys.argv[2])
+    out: dict[str, Any] = {}
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM awa.jobs")
+        out["jobs_before"] = cursor.fetchone()[0]
+    for case in table:
+        try:
+            _hostile_call(case["surface"], case["value"])
+        except Exception as error:
+            out[case["id"]] = {
+                "class": type(error).__name__,
+                "message": str(error)[:2000],
+                "value_error": isinstance(error, ValueError),
+            }
+        else:
+            out[case["id"]] = None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM awa.jobs")
+        out["jobs_after"] = cursor.fetchone()[0]
+    return out
+
+
 def separate_database() -> dict[str, Any]:
     try:
         with transaction.atomic():
@@ -227,6 +267,7 @@ SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
     "bad_settings": bad_settings,
     "separate_database": separate_database,
     "hold": hold,
+    "hostile": hostile,
 }
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ resolution's transaction and dispatch hooks once it commits.
 from __future__ import annotations
 
 import dataclasses
-import math
 import uuid
 from typing import Any, Literal
 
@@ -17,7 +16,7 @@ from awa.callbacks import cel
 from awa.db import Flow, Statement, operation
 from awa.errors import CallbackNotFound, ValidationError
 from awa.kinds import dump_json
-from awa.model import JobRow, MappingAccess
+from awa.model import BIGINT_MAX, JobRow, MappingAccess, check_encodable, check_int_range
 from awa.outcomes import CallbackToken
 from awa.sql import query
 
@@ -35,16 +34,17 @@ def callback_uuid(callback_id: str | uuid.UUID | CallbackToken) -> str:
     try:
         return str(uuid.UUID(str(callback_id)))
     except ValueError:
-        raise ValidationError(f"callback id {callback_id!r} is not a UUID") from None
+        shown = repr(callback_id)
+        if len(shown) > 60:
+            shown = f"{shown[:40]}... ({len(shown)} characters)"
+        raise ValidationError(f"callback id {shown} is not a UUID") from None
 
 
 def check_timeout(timeout_seconds: float) -> float:
     if (
         isinstance(timeout_seconds, bool)
         or not isinstance(timeout_seconds, int | float)
-        or not math.isfinite(timeout_seconds)
-        or timeout_seconds < 0
-        or timeout_seconds > 366 * 86400 * 100
+        or not 0 <= timeout_seconds <= 366 * 86400 * 100  # NaN and infinities too
     ):
         raise ValidationError(
             "timeout_seconds must be a finite, non-negative number of seconds (at most 100 years)"
@@ -70,9 +70,11 @@ def _found(row: JobRow | None, callback_id: str) -> JobRow:
 
 
 def _lease(run_lease: int | None) -> int | None:
-    if run_lease is not None and (isinstance(run_lease, bool) or not isinstance(run_lease, int)):
+    if run_lease is None:
+        return None
+    if isinstance(run_lease, bool) or not isinstance(run_lease, int):
         raise ValidationError("run_lease must be an integer")
-    return run_lease
+    return check_int_range("run_lease", run_lease, 0, BIGINT_MAX)  # a bigint column
 
 
 # Resolution flows, shared by awa.admin and AsyncClient ------------------------------------
@@ -96,6 +98,7 @@ def fail_flow(
     cb = callback_uuid(callback_id)
     if not isinstance(error, str) or "\x00" in error:
         raise ValidationError("error must be a string without NUL bytes")
+    check_encodable("error", error)
     params = {
         "callback_id": cb,
         "error": error,

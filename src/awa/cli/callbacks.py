@@ -19,6 +19,8 @@ import awa
 from awa import callback_contract
 from awa.callbacks import DEFAULT_TIMEOUT, DefaultAction, ResolveResult
 from awa.cli.group import (
+    RUN_LEASE,
+    SECONDS,
     CliError,
     database_url_from_context,
     format_time,
@@ -64,7 +66,7 @@ payload_option = click.option(
 )
 lease_option = click.option(
     "--run-lease",
-    type=int,
+    type=RUN_LEASE,
     metavar="N",
     help="Only if the job's attempt still has this run lease.",
 )
@@ -202,7 +204,7 @@ def resolve(
 @click.option(
     "--timeout",
     "timeout_seconds",
-    type=click.FloatRange(min=0),
+    type=SECONDS,
     default=DEFAULT_TIMEOUT,
     show_default=True,
     metavar="SECONDS",

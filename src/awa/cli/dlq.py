@@ -10,6 +10,12 @@ import click
 
 import awa
 from awa.cli.group import (
+    JOB_ID,
+    KIND,
+    LIMIT,
+    QUEUE,
+    TAG,
+    TAKES_JOB_ID,
     CliUsageError,
     fail,
     format_time,
@@ -54,24 +60,23 @@ class Timestamp(click.ParamType[dt.datetime]):
 
 
 TIME = Timestamp()
-_JOB_ID = click.IntRange(min=1)
 
 
 @dlq.command("list")
-@click.option("--kind", help="Only entries of this kind.")
-@click.option("--queue", help="Only entries of this queue.")
-@click.option("--tag", help="Only entries with this tag.")
-@click.option("--before-id", type=_JOB_ID, metavar="ID", help="Page cursor: the last id shown.")
+@click.option("--kind", type=KIND, help="Only entries of this kind.")
+@click.option("--queue", type=QUEUE, help="Only entries of this queue.")
+@click.option("--tag", type=TAG, help="Only entries with this tag.")
+@click.option("--before-id", type=JOB_ID, metavar="ID", help="Page cursor: the last id shown.")
 @click.option(
     "--before-dlq-at", type=TIME, metavar="TIME", help="Page cursor: the last DLQ_AT shown."
 )
 @click.option(
     "--limit",
-    type=click.IntRange(min=1),
+    type=LIMIT,
     default=50,
     show_default=True,
     metavar="N",
-    help="Show at most N entries.",
+    help="Show at most N entries (1 to 1000).",
 )
 @json_option
 @pass_client
@@ -133,8 +138,8 @@ def _cells(entry: DlqEntry) -> list[object]:
     ]
 
 
-@dlq.command("get")
-@click.argument("job_id", metavar="ID", type=_JOB_ID)
+@dlq.command("get", context_settings=TAKES_JOB_ID)
+@click.argument("job_id", metavar="ID", type=JOB_ID)
 @json_option
 @pass_client
 def get_entry(client: awa.Client, job_id: int, as_json: bool) -> None:
@@ -176,14 +181,16 @@ def _bulk_scope(kind: str | None, queue: str | None, tag: str | None) -> str:
     return ", ".join(f"{name} {value}" for name, value in filters if value) or "every entry"
 
 
-@dlq.command("retry")
-@click.argument("job_id", metavar="[ID]", type=_JOB_ID, required=False)
+@dlq.command("retry", context_settings=TAKES_JOB_ID)
+@click.argument("job_id", metavar="[ID]", type=JOB_ID, required=False)
 @click.option("--run-at", type=TIME, metavar="TIME", help="With ID: run it then, not now.")
 @click.option("--priority", type=click.IntRange(1, 4), help="With ID: run it at this priority.")
-@click.option("--to-queue", metavar="QUEUE", help="With ID: run it in this queue instead.")
-@click.option("--kind", help="Without ID: retry every entry of this kind.")
-@click.option("--queue", help="Without ID: retry every entry of this queue.")
-@click.option("--tag", help="Without ID: retry every entry with this tag.")
+@click.option(
+    "--to-queue", type=QUEUE, metavar="QUEUE", help="With ID: run it in this queue instead."
+)
+@click.option("--kind", type=KIND, help="Without ID: retry every entry of this kind.")
+@click.option("--queue", type=QUEUE, help="Without ID: retry every entry of this queue.")
+@click.option("--tag", type=TAG, help="Without ID: retry every entry with this tag.")
 @click.option("--all", "every", is_flag=True, help="Without ID: retry every entry.")
 @json_option
 @pass_client
@@ -227,11 +234,11 @@ def retry(
         click.echo(f"retried {count} job(s) ({_bulk_scope(kind, queue, tag)})")
 
 
-@dlq.command("purge")
-@click.argument("job_id", metavar="[ID]", type=_JOB_ID, required=False)
-@click.option("--kind", help="Purge the entries of this kind.")
-@click.option("--queue", help="Purge the entries of this queue.")
-@click.option("--tag", help="Purge the entries with this tag.")
+@dlq.command("purge", context_settings=TAKES_JOB_ID)
+@click.argument("job_id", metavar="[ID]", type=JOB_ID, required=False)
+@click.option("--kind", type=KIND, help="Purge the entries of this kind.")
+@click.option("--queue", type=QUEUE, help="Purge the entries of this queue.")
+@click.option("--tag", type=TAG, help="Purge the entries with this tag.")
 @click.option("--before", type=TIME, metavar="TIME", help="Only entries moved before TIME.")
 @click.option("--all", "every", is_flag=True, help="Purge every entry (with --before: older).")
 @json_option
@@ -268,7 +275,7 @@ def purge(
 
 
 @dlq.command("depth")
-@click.option("--queue", help="Count the entries of this queue only.")
+@click.option("--queue", type=QUEUE, help="Count the entries of this queue only.")
 @json_option
 @pass_client
 def depth(client: awa.Client, queue: str | None, as_json: bool) -> None:

@@ -31,6 +31,7 @@ import json
 import os
 import sys
 import traceback
+import unicodedata
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import IO, Any, Concatenate, NoReturn, ParamSpec, TypeVar
@@ -42,11 +43,22 @@ from rich.table import Table
 from rich.text import Text
 
 import awa
+from awa.arguments import check_seconds, check_text
 from awa.db import check_database_url
 from awa.errors import AwaError, ValidationError
-from awa.model import JobState
+from awa.model import BIGINT_MAX, MAX_LIST_LIMIT, JobState, check_name, check_tags
 
 __all__ = [
+    "JOB_ID",
+    "KIND",
+    "LIMIT",
+    "QUEUE",
+    "RUN_LEASE",
+    "SECONDS",
+    "TAG",
+    "TAKES_JOB_ID",
+    "TEXT",
+    "Checked",
     "CliError",
     "CliState",
     "CliUsageError",
@@ -58,6 +70,7 @@ __all__ = [
     "print_json",
     "print_table",
     "to_jsonable",
+    "visible",
 ]
 
 P = ParamSpec("P")
@@ -88,6 +101,107 @@ class CliUsageError(CliError):
 
 def fail(message: str) -> NoReturn:
     raise CliError(message)
+
+
+# Parameter types: bad input is a usage error naming the option (exit code 2) -------------
+
+
+class Checked(click.ParamType[Any]):
+    """A value checked by one of awa's validators before any command runs: a failure is
+    ``Invalid value for '--queue': queue is 201 characters long; ...`` (exit code 2)."""
+
+    def __init__(self, name: str, check: Callable[[Any], Any]) -> None:
+        self.name = name
+        self._check = check
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            return self._check(value)
+        except ValidationError as error:
+            self.fail(str(error), param, ctx)
+
+
+class JobId(click.ParamType[int]):
+    """A job id: an integer from 1 to 2**63 - 1, else one ``error:`` line (exit code 2).
+
+    Commands taking one set ``ignore_unknown_options`` so that ``-5`` reaches this type
+    instead of being reported as an unknown option; a token that is neither a number nor a
+    known option is reported here as an unknown option.
+    """
+
+    name = "id"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= BIGINT_MAX:
+            return value
+        text = str(value).strip()
+        if text.startswith("-") and not text[1:].isdigit():
+            raise CliUsageError(f"no such option: {text}")
+        digits = text.removeprefix("+")
+        shown = text if len(text) <= 40 else f"{text[:30]}... ({len(text)} characters)"
+        if digits.isascii() and digits.isdigit():
+            # Compare the length first: int() of thousands of digits raises ValueError.
+            if len(digits.lstrip("0")) > len(str(BIGINT_MAX)) or int(digits) > BIGINT_MAX:
+                raise CliUsageError(f"job id must be at most {BIGINT_MAX}, not {shown}")
+            if int(digits) > 0:
+                return int(digits)
+        raise CliUsageError(f"job id must be a positive integer, not {shown or repr(text)}")
+
+
+TAKES_JOB_ID = {"ignore_unknown_options": True}  # see JobId
+
+
+def _lease_text(value: Any) -> int:
+    number = value if isinstance(value, int) else _integer(value, "run lease")
+    if not 0 <= number <= BIGINT_MAX:
+        raise ValidationError(f"run lease must be between 0 and {BIGINT_MAX}, got {number}")
+    return number
+
+
+def _integer(value: Any, field: str) -> int:
+    text = str(value).strip()
+    sign, digits = ("-", text[1:]) if text.startswith("-") else ("", text.removeprefix("+"))
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > 30:
+        raise ValidationError(f"{field} must be an integer, not {text or repr(text)}")
+    return int(sign + digits)
+
+
+def _limit_text(value: Any) -> int:
+    number = value if isinstance(value, int) else _integer(value, "limit")
+    if not 1 <= number <= MAX_LIST_LIMIT:
+        raise ValidationError(f"limit must be between 1 and {MAX_LIST_LIMIT}, got {number}")
+    return number
+
+
+def _seconds_text(value: Any) -> float:
+    if not isinstance(value, int | float):
+        try:
+            value = float(str(value).strip())
+        except ValueError:
+            raise ValidationError(f"{value!r} is not a number of seconds") from None
+    return check_seconds("seconds", value)
+
+
+def _tag_text(value: Any) -> str:
+    return check_tags([value])[0]
+
+
+QUEUE = Checked("queue", lambda value: check_name("queue", value))
+"""A queue name (1 to 200 characters, no NUL or lone surrogate)."""
+KIND = Checked("kind", lambda value: check_name("kind", value))
+"""A job kind (the rules of a queue name)."""
+TAG = Checked("tag", _tag_text)
+"""A tag (no NUL or lone surrogate)."""
+TEXT = Checked("text", lambda value: check_text("text", value))
+"""Free text stored as given (who paused a queue): at most 200 characters."""
+JOB_ID = JobId()
+"""A job id: 1 to 2**63 - 1."""
+RUN_LEASE = Checked("lease", _lease_text)
+"""A run lease: 0 to 2**63 - 1."""
+LIMIT = Checked("n", _limit_text)
+"""How many rows a list shows: 1 to 1000."""
+SECONDS = Checked("seconds", _seconds_text)
+"""A duration in seconds: finite, from 0 to 100 years."""
 
 
 @dataclasses.dataclass
@@ -206,10 +320,32 @@ def print_json(value: Any) -> None:
     click.echo(json.dumps(to_jsonable(value), indent=2, ensure_ascii=False, default=str))
 
 
+def visible(text: str, keep: str = "") -> str:
+    """``text`` safe to print on a terminal: control and format characters (escape
+    sequences, newlines, a right-to-left override) shown as escapes (``\\x1b``, ``\\n``,
+    ``\\u202e``), so a stored name can neither restyle the terminal nor fake a line of
+    output. Characters in ``keep`` stay as they are."""
+    if text.isprintable():
+        return text
+    return "".join(
+        char
+        if char in keep or unicodedata.category(char) not in _HIDDEN
+        else char.encode("unicode_escape").decode("ascii")
+        for char in text
+    )
+
+
+_HIDDEN = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+
+
 def print_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> None:
     """Print plain aligned columns (no borders, so the output greps and cuts well); columns
-    holding only integers are right-aligned. None prints as ``-``."""
-    body = [["-" if cell is None else cell for cell in row] for row in rows]
+    holding only integers are right-aligned. None prints as ``-``; stored text is shown with
+    its control characters escaped (``visible``)."""
+    body = [
+        ["-" if cell is None else visible(cell) if isinstance(cell, str) else cell for cell in row]
+        for row in rows
+    ]
     table = Table(box=None, pad_edge=False, header_style="bold", show_edge=False)
     for index, header in enumerate(headers):
         numeric = bool(body) and all(isinstance(row[index], int) for row in body)
@@ -263,6 +399,9 @@ class AwaGroup(click.Group):
         except click.UsageError as error:
             where = error.ctx.command_path if error.ctx is not None else ctx.command_path
             raise CliUsageError(f"{error.format_message()} (see '{where} --help')") from error
+        except ValidationError as error:
+            # Bad input the command's own checks did not catch: still a usage error.
+            raise CliUsageError(str(error) or type(error).__name__) from error
         except AwaError as error:
             raise CliError(str(error) or type(error).__name__) from error
         except psycopg.Error as error:

@@ -10,6 +10,7 @@ import click
 
 import awa
 from awa.cli.group import (
+    SECONDS,
     database_url_from_context,
     format_age,
     format_time,
@@ -92,7 +93,7 @@ def _print_text(check: HealthCheck) -> None:
 @main.command()
 @click.option(
     "--unserved-after",
-    type=click.FloatRange(min=0),
+    type=SECONDS,
     default=DEFAULT_UNSERVED_AFTER,
     show_default=True,
     metavar="SECONDS",

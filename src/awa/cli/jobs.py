@@ -10,7 +10,12 @@ import click
 
 import awa
 from awa.cli.group import (
-    CliUsageError,
+    JOB_ID,
+    KIND,
+    LIMIT,
+    QUEUE,
+    TAKES_JOB_ID,
+    Checked,
     client_from_context,
     fail,
     format_age,
@@ -21,8 +26,9 @@ from awa.cli.group import (
     print_json,
     print_table,
     to_jsonable,
+    visible,
 )
-from awa.model import JobRow, JobState
+from awa.model import JobRow, JobState, parse_state
 
 
 @main.group()
@@ -33,33 +39,9 @@ def job() -> None:
     """
 
 
-class JobId(click.ParamType[int]):
-    """A job id: a positive integer, else one ``error:`` line (exit code 2).
-
-    Commands taking one set ``ignore_unknown_options`` so that ``-5`` reaches this type
-    instead of being reported as an unknown option; a token that is neither a number nor a
-    known option is reported here as an unknown option.
-    """
-
-    name = "id"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-        text = str(value).strip()
-        if text.startswith("-") and not text[1:].isdigit():
-            raise CliUsageError(f"no such option: {text}")
-        digits = text.removeprefix("+")
-        if digits.isascii() and digits.isdigit() and int(digits) > 0:
-            return int(digits)
-        raise CliUsageError(f"job id must be a positive integer, not {text or repr(text)}")
-
-
-JOB_ID = JobId()
-_TAKES_JOB_ID = {"ignore_unknown_options": True}  # see JobId
-
-
-_STATE_CHOICE = click.Choice([state.value for state in JobState], case_sensitive=False)
+_STATE_CHOICE = Checked(
+    "state", lambda value: parse_state(value.lower() if isinstance(value, str) else value).value
+)
 _STATE_NAMES = ", ".join(state.value for state in JobState)
 
 
@@ -67,15 +49,15 @@ _STATE_NAMES = ", ".join(state.value for state in JobState)
 @click.option(
     "--state", type=_STATE_CHOICE, metavar="STATE", help=f"Only jobs in this state: {_STATE_NAMES}."
 )
-@click.option("--kind", help="Only jobs of this kind.")
-@click.option("--queue", help="Only jobs in this queue.")
+@click.option("--kind", type=KIND, help="Only jobs of this kind.")
+@click.option("--queue", type=QUEUE, help="Only jobs in this queue.")
 @click.option(
     "--limit",
-    type=click.IntRange(min=1),
+    type=LIMIT,
     default=50,
     show_default=True,
     metavar="N",
-    help="Show at most N jobs.",
+    help="Show at most N jobs (1 to 1000).",
 )
 @json_option
 @pass_client
@@ -161,7 +143,7 @@ def _describe(row: JobRow) -> None:
             if value is not None:
                 fields.append((f"callback {name}", value))
     for label, value in fields:
-        click.echo(f"{label:<17}{'-' if value is None else value}")
+        click.echo(f"{label:<17}{'-' if value is None else visible(str(value))}")
     for label, data in (("args", row.args), ("metadata", row.metadata)):
         click.echo(f"{label}:\n  {_json_block(data)}")
     if row.progress is not None:
@@ -173,14 +155,14 @@ def _describe(row: JobRow) -> None:
         if isinstance(entry, dict) and "error" in entry:
             stamp = _error_time(entry.get("at"))
             terminal = " (terminal)" if entry.get("terminal") else ""
-            message = str(entry["error"]).replace("\n", "\n      ")
+            message = visible(str(entry["error"]), keep="\n").replace("\n", "\n      ")
             click.echo(f"  attempt {entry.get('attempt', '?')} at {stamp}{terminal}:")
             click.echo(f"      {message}")
         else:
             click.echo(f"  {_json_block(entry)}")
 
 
-@job.command("get", context_settings=_TAKES_JOB_ID)
+@job.command("get", context_settings=TAKES_JOB_ID)
 @click.argument("job_id", metavar="ID", type=JOB_ID)
 @json_option
 @pass_client
@@ -213,7 +195,7 @@ def _report_change(
         click.echo(f"job {row.id} is now {row.state.value}{note}")
 
 
-@job.command("cancel", context_settings=_TAKES_JOB_ID)
+@job.command("cancel", context_settings=TAKES_JOB_ID)
 @click.argument("job_id", metavar="ID", type=JOB_ID)
 @json_option
 @pass_client
@@ -226,7 +208,7 @@ def cancel_job(client: awa.Client, job_id: int, as_json: bool) -> None:
     _report_change(client, job_id, row, as_json, "only unfinished jobs can be cancelled")
 
 
-@job.command("retry", context_settings=_TAKES_JOB_ID)
+@job.command("retry", context_settings=TAKES_JOB_ID)
 @click.argument("job_id", metavar="ID", type=JOB_ID)
 @json_option
 @pass_client
@@ -243,8 +225,8 @@ def retry_job(client: awa.Client, job_id: int, as_json: bool) -> None:
 
 
 @job.command("retry-failed")
-@click.option("--kind", help="Retry the failed jobs of this kind.")
-@click.option("--queue", help="Retry the failed jobs of this queue.")
+@click.option("--kind", type=KIND, help="Retry the failed jobs of this kind.")
+@click.option("--queue", type=QUEUE, help="Retry the failed jobs of this queue.")
 @json_option
 @click.pass_context
 def retry_failed(ctx: click.Context, kind: str | None, queue: str | None, as_json: bool) -> None:
@@ -263,7 +245,7 @@ def retry_failed(ctx: click.Context, kind: str | None, queue: str | None, as_jso
 
 
 @job.command("discard")
-@click.option("--kind", required=True, help="The kind whose failed jobs are deleted.")
+@click.option("--kind", type=KIND, required=True, help="The kind whose failed jobs are deleted.")
 @json_option
 @pass_client
 def discard_failed(client: awa.Client, kind: str, as_json: bool) -> None:
@@ -276,7 +258,7 @@ def discard_failed(client: awa.Client, kind: str, as_json: bool) -> None:
 
 
 @job.command("kinds")
-@click.argument("kind", metavar="[KIND]", required=False)
+@click.argument("kind", metavar="[KIND]", type=KIND, required=False)
 @json_option
 @pass_client
 def job_kinds(client: awa.Client, kind: str | None, as_json: bool) -> None:

@@ -8,6 +8,8 @@ import click
 
 import awa
 from awa.cli.group import (
+    QUEUE,
+    TEXT,
     format_age,
     format_time,
     json_option,
@@ -96,8 +98,13 @@ def _default_pauser() -> str | None:
 
 
 @queue.command("pause")
-@click.argument("name", metavar="QUEUE")
-@click.option("--by", "paused_by", help="Who paused it (default: your user name).")
+@click.argument("name", metavar="QUEUE", type=QUEUE)
+@click.option(
+    "--by",
+    "paused_by",
+    type=TEXT,
+    help="Who paused it (default: your user name; at most 200 characters).",
+)
 @json_option
 @pass_client
 def pause_queue(client: awa.Client, name: str, paused_by: str | None, as_json: bool) -> None:
@@ -118,7 +125,7 @@ def pause_queue(client: awa.Client, name: str, paused_by: str | None, as_json: b
 
 
 @queue.command("resume")
-@click.argument("name", metavar="QUEUE")
+@click.argument("name", metavar="QUEUE", type=QUEUE)
 @json_option
 @pass_client
 def resume_queue(client: awa.Client, name: str, as_json: bool) -> None:
@@ -133,7 +140,7 @@ def resume_queue(client: awa.Client, name: str, as_json: bool) -> None:
 
 
 @queue.command("drain")
-@click.argument("name", metavar="QUEUE")
+@click.argument("name", metavar="QUEUE", type=QUEUE)
 @json_option
 @pass_client
 def drain_queue(client: awa.Client, name: str, as_json: bool) -> None:
@@ -149,7 +156,7 @@ def drain_queue(client: awa.Client, name: str, as_json: bool) -> None:
 
 
 @queue.command("descriptors")
-@click.argument("name", metavar="[QUEUE]", required=False)
+@click.argument("name", metavar="[QUEUE]", type=QUEUE, required=False)
 @json_option
 @pass_client
 def queue_descriptors(client: awa.Client, name: str | None, as_json: bool) -> None:

@@ -9,22 +9,42 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from awa.errors import ValidationError
-from awa.model import check_name
+from awa.model import INT_MAX, MAX_DURATION, check_name
+
+# Bounds of a rate limit, in jobs per second: beyond them the bucket's arithmetic (and the
+# wait it computes, 1/rate) stops meaning anything. The low end is about one job in 11 days.
+MIN_RATE = 1e-6
+MAX_RATE = float(INT_MAX)
 
 
 def _positive_seconds(value: object, field: str, *, allow_zero: bool = False) -> float:
     if isinstance(value, dt.timedelta):
         value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValidationError(f"{field} must be a finite number of seconds")
-    if value < 0 or (value == 0 and not allow_zero):
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValidationError(
+            f"{field} must be a finite number of seconds, not {type(value).__name__}"
+        )
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int beyond any float
+        seconds = math.inf
+    if not math.isfinite(seconds):
+        raise ValidationError(f"{field} must be a finite number of seconds, got {value!r}")
+    if seconds < 0 or (seconds == 0 and not allow_zero):
         raise ValidationError(f"{field} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
-    return float(value)
+    if seconds > MAX_DURATION.total_seconds():
+        raise ValidationError(
+            f"{field} is {seconds:g} seconds; the limit is {MAX_DURATION.days} days (100 years)"
+        )
+    return seconds
 
 
-def _positive_int(value: object, field: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValidationError(f"{field} must be a positive integer, got {value!r}")
+def _positive_int(value: object, field: str, *, low: int = 1) -> int:
+    """An integer from ``low`` to 2**31 - 1 (the integer columns and parameters it ends in)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= INT_MAX:
+        shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:30]}..."
+        what = "a positive integer" if low == 1 else f"an integer >= {low}"
+        raise ValidationError(f"{field} must be {what} (at most {INT_MAX}), got {shown}")
     return value
 
 
@@ -38,10 +58,18 @@ class RetryPolicy:
     max_delay: float = 86400.0
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.base) and self.base >= 1):
-            raise ValidationError("RetryPolicy.base must be >= 1")
-        if not (math.isfinite(self.jitter) and self.jitter >= 0):
-            raise ValidationError("RetryPolicy.jitter must be >= 0")
+        for field in ("base", "jitter"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValidationError(
+                    f"RetryPolicy.{field} must be a number, not {type(value).__name__}"
+                )
+        if not 1 <= self.base <= 1e6:  # NaN too
+            raise ValidationError(f"RetryPolicy.base must be between 1 and 1e6, got {self.base}")
+        if not 0 <= self.jitter <= 1e6:
+            raise ValidationError(
+                f"RetryPolicy.jitter must be between 0 and 1e6, got {self.jitter}"
+            )
         _positive_seconds(self.max_delay, "RetryPolicy.max_delay")
 
 
@@ -101,15 +129,8 @@ class QueueConfig:
             value = getattr(self, field)
             if value is not None:
                 _positive_int(value, f"queue {self.name!r}: {field}")
-        if self.min_workers is not None and (
-            isinstance(self.min_workers, bool)
-            or not isinstance(self.min_workers, int)
-            or self.min_workers < 0
-        ):
-            raise ValidationError(
-                f"queue {self.name!r}: min_workers must be an integer >= 0, "
-                f"got {self.min_workers!r}"
-            )
+        if self.min_workers is not None:
+            _positive_int(self.min_workers, f"queue {self.name!r}: min_workers", low=0)
         _positive_int(self.weight, f"queue {self.name!r}: weight")
         object.__setattr__(
             self,
@@ -131,12 +152,7 @@ class QueueConfig:
             # a few handler durations at most, which other keys do not notice.)
             holds = self.global_max_running is not None or self.min_workers is not None
             object.__setattr__(self, "prefetch", 0 if holds else 4 * self.max_workers)
-        if (
-            isinstance(self.prefetch, bool)
-            or not isinstance(self.prefetch, int)
-            or (self.prefetch < 0)
-        ):
-            raise ValidationError(f"queue {self.name!r}: prefetch must be >= 0")
+        _positive_int(self.prefetch, f"queue {self.name!r}: prefetch", low=0)
         if not isinstance(self.retry, RetryPolicy):
             raise ValidationError(f"queue {self.name!r}: retry must be an awa.RetryPolicy")
 
@@ -167,12 +183,17 @@ def _rate_limit(value: object, queue: str) -> tuple[float, int]:
     if (
         isinstance(rate, bool)
         or not isinstance(rate, int | float)
-        or not math.isfinite(rate)
-        or rate <= 0
+        or not MIN_RATE <= rate <= MAX_RATE  # False for NaN
     ):
-        raise ValidationError(f"{where}: the rate must be a number of jobs per second > 0")
-    if isinstance(burst, bool) or not isinstance(burst, int) or burst < 0:
-        raise ValidationError(f"{where}: the burst must be an integer >= 0 (0: the rate)")
+        raise ValidationError(
+            f"{where}: the rate must be a number of jobs per second from {MIN_RATE:g} to "
+            f"{MAX_RATE:.0f}, got {rate!r}"
+        )
+    if isinstance(burst, bool) or not isinstance(burst, int) or not 0 <= burst <= INT_MAX:
+        raise ValidationError(
+            f"{where}: the burst must be an integer from 0 (0: the rate) to {INT_MAX}, "
+            f"got {burst!r}"
+        )
     return float(rate), burst or max(math.ceil(rate), 1)
 
 

@@ -123,21 +123,38 @@ async def store_limits(conn: psycopg.AsyncConnection[Any], queues: Iterable[Queu
         params = limit_params(queue)
         cursor = await conn.execute(query("limits_store"), params)
         row = await cursor.fetchone()
-        previous = row[0] if row is not None else None
-        current = "({},{},{},{})".format(
-            *(
-                "" if params[key] is None else params[key]
-                for key in ("rate", "burst", "max_running", "key_concurrency")
-            )
-        )
-        if previous is not None and previous != current:
+        if row is None:
+            continue
+        previous = _limits(*row)
+        current = _limits(*(params[key] for key in _LIMIT_KEYS))
+        if previous != current:
             log.warning(
                 "queue %s: flow limits changed from %s to %s (rate, burst, global_max_running, "
                 "key_concurrency); workers still running the old ones keep them until restarted",
                 queue.name,
-                previous,
-                current,
+                _shown(previous),
+                _shown(current),
             )
+
+
+_LIMIT_KEYS = ("rate", "burst", "max_running", "key_concurrency")
+
+
+def _limits(
+    rate: float | None, burst: int | None, max_running: int | None, key_concurrency: int | None
+) -> tuple[float | None, int | None, int | None, int | None]:
+    """Limits in one form for comparing: ``(20, 5)`` and ``(20.0, 5)`` are the same limits
+    (the rate column is a double, the others integers)."""
+    return (
+        None if rate is None else float(rate),
+        None if burst is None else int(burst),
+        None if max_running is None else int(max_running),
+        None if key_concurrency is None else int(key_concurrency),
+    )
+
+
+def _shown(limits: tuple[float | None, int | None, int | None, int | None]) -> str:
+    return "({})".format(",".join("" if value is None else f"{value:g}" for value in limits))
 
 
 def aging_duty(interval: float) -> Duty:

@@ -25,14 +25,22 @@ class AwaConfig(AppConfig):  # type: ignore[misc]
 
 
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
-    """System check: settings.AWA is valid."""
+    """System check: settings.AWA is valid (awa.E001) and every module TASK_MODULES names
+    can be imported (awa.E002, one error per module, naming it)."""
     from awa.contrib.django import conf
 
     try:
-        conf.load()
+        settings = conf.load()
     except ImproperlyConfigured as error:
         return [checks.Error(str(error), id="awa.E001")]
-    return []
+    return [
+        checks.Error(
+            f"settings.AWA['TASK_MODULES'] names a module that cannot be imported: {problem}",
+            hint="Fix the module name, or add the module's directory to the import path.",
+            id="awa.E002",
+        )
+        for problem in conf.missing_task_modules(settings.task_modules)
+    ]
 
 
 def migrate_schema(using: str, verbosity: int = 1, **kwargs: Any) -> None:

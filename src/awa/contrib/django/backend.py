@@ -19,6 +19,7 @@ from awa.contrib.django import compat, conf
 from awa.contrib.django.mapping import KIND, awa_priority
 from awa.contrib.django.results import job_args, load_task, task_result
 from awa.contrib.django.store import ClientStore, DjangoStore, JobStore
+from awa.model import BIGINT_MAX, MAX_DURATION
 
 _OPTIONS = ("MAX_ATTEMPTS", "DEADLINE_DURATION")
 
@@ -93,9 +94,10 @@ class AwaTaskBackend(compat.BaseTaskBackend):  # type: ignore[misc]
 
 def _job_id(result_id: object) -> int | None:
     text = str(result_id)
-    if not text.isascii() or not text.isdigit() or len(text) > 18:
-        return None  # not a bigint id: no job has it
-    return int(text)
+    if not text.isascii() or not text.isdigit() or len(text) > len(str(BIGINT_MAX)):
+        return None  # not a job id: no job has it
+    job_id = int(text)
+    return job_id if 0 < job_id <= BIGINT_MAX else None
 
 
 def _int_option(
@@ -113,6 +115,13 @@ def _seconds_option(where: str, options: dict[str, Any], key: str) -> float | No
     value = options.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise ImproperlyConfigured(f"{where}[{key!r}] must be seconds >= 0, not {value!r}")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 0 <= value <= MAX_DURATION.total_seconds()  # NaN and infinities too
+    ):
+        raise ImproperlyConfigured(
+            f"{where}[{key!r}] must be seconds from 0 to {MAX_DURATION.total_seconds():.0f}, "
+            f"not {value!r}"
+        )
     return float(value)

@@ -12,6 +12,7 @@ import threading
 from typing import Any
 
 from django.conf import settings as django_settings
+from django.core.exceptions import ImproperlyConfigured
 
 from awa.client import AsyncClient
 from awa.contrib.django import conf
@@ -44,9 +45,18 @@ async def _run_django_task(job: Job[Any]) -> None:
 
 
 def import_task_modules(settings: conf.AwaSettings) -> None:
-    """Import ``settings.AWA['TASK_MODULES']``, whose imports register awa tasks."""
+    """Import ``settings.AWA['TASK_MODULES']``, whose imports register awa tasks; a module
+    that is not there raises ImproperlyConfigured naming it."""
     for name in settings.task_modules:
-        importlib.import_module(name)
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as error:
+            if error.name is None or not (name + ".").startswith(error.name + "."):
+                raise  # the module exists; something it imports does not
+            raise ImproperlyConfigured(
+                f"settings.AWA['TASK_MODULES'] names {name!r}, which cannot be imported: "
+                f"no module named {error.name!r}"
+            ) from None
 
 
 def worker_queues(client: AsyncClient, settings: conf.AwaSettings) -> Any:

@@ -23,7 +23,7 @@ awa's migrations too (unless ``MIGRATE`` is False), so test databases get the sc
 from __future__ import annotations
 
 import dataclasses
-import math
+import importlib.util
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,6 +33,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from awa.db import check_database_url
 from awa.errors import ValidationError
+from awa.model import MAX_DURATION
 from awa.worker.config import RuntimeConfig, parse_queues
 
 KEYS = ("DATABASE", "URL", "QUEUES", "RUNTIME", "SHUTDOWN_TIMEOUT", "TASK_MODULES", "MIGRATE")
@@ -197,11 +198,11 @@ def _shutdown_timeout(value: object) -> float:
     if (
         isinstance(value, bool)
         or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value < 0
+        or not 0 <= value <= MAX_DURATION.total_seconds()  # NaN and infinities too
     ):
         raise ImproperlyConfigured(
-            f"settings.AWA['SHUTDOWN_TIMEOUT'] must be a number of seconds >= 0, not {value!r}"
+            "settings.AWA['SHUTDOWN_TIMEOUT'] must be a number of seconds from 0 to "
+            f"{MAX_DURATION.total_seconds():.0f}, not {value!r}"
         )
     return float(value)
 
@@ -219,8 +220,37 @@ def _task_modules(value: object) -> tuple[str, ...]:
             f"{type(value).__name__}"
         )
     for name in value:
-        if not isinstance(name, str) or not name:
+        # A dotted name of identifiers: no path ("a/b", "..x"), NUL or stray character.
+        if (
+            not isinstance(name, str)
+            or not 0 < len(name) <= MAX_MODULE_NAME
+            or not all(part.isidentifier() for part in name.split("."))
+        ):
+            shown = repr(name) if len(repr(name)) <= 80 else f"{repr(name)[:60]}..."
             raise ImproperlyConfigured(
-                f"settings.AWA['TASK_MODULES'] holds {name!r}, which is not a module name"
+                f"settings.AWA['TASK_MODULES'] holds {shown}, which is not a module name "
+                "(a dotted name such as 'myapp.jobs')"
             )
     return tuple(value)
+
+
+MAX_MODULE_NAME = 1000
+
+
+def missing_task_modules(task_modules: tuple[str, ...]) -> list[str]:
+    """Why each of ``TASK_MODULES`` that cannot be found would fail to import (one line per
+    module; empty when all are there). Parent packages are imported to look inside them, the
+    modules themselves are not."""
+    problems = []
+    for name in task_modules:
+        try:
+            found = importlib.util.find_spec(name)
+        except ImportError as error:  # a parent package is missing
+            problems.append(f"{name!r}: {error}")
+            continue
+        except Exception as error:  # a parent package failed to import
+            problems.append(f"{name!r}: importing its package failed: {error!r}")
+            continue
+        if found is None:
+            problems.append(f"{name!r}: no module named {name!r}")
+    return problems

@@ -9,19 +9,25 @@ SELECT * FROM awa.claim_limited(
 
 -- name: limits_store
 -- At start: the limits this worker runs the queue with, for operators to see. The bucket
--- keeps its tokens (no more than the burst), so a restart grants no extra burst.
-INSERT INTO awa.queue_limits AS l (queue, rate, burst, max_running, key_concurrency, tokens)
-VALUES (%(queue)s, %(rate)s, %(burst)s, %(max_running)s, %(key_concurrency)s,
-        COALESCE(%(burst)s, 0))
-ON CONFLICT (queue) DO UPDATE
-SET rate = EXCLUDED.rate,
-    burst = EXCLUDED.burst,
-    max_running = EXCLUDED.max_running,
-    key_concurrency = EXCLUDED.key_concurrency,
-    tokens = least(l.tokens, COALESCE(EXCLUDED.burst, 0)),
-    updated_at = now()
-RETURNING (SELECT row(p.rate, p.burst, p.max_running, p.key_concurrency)::text
-           FROM awa.queue_limits AS p WHERE p.queue = %(queue)s) AS previous
+-- keeps its tokens (no more than the burst), so a restart grants no extra burst. Returns the
+-- limits stored before (no row: none were), read from the statement's snapshot.
+WITH previous AS (
+    SELECT rate, burst, max_running, key_concurrency
+    FROM awa.queue_limits WHERE queue = %(queue)s
+), stored AS (
+    INSERT INTO awa.queue_limits AS l (queue, rate, burst, max_running, key_concurrency, tokens)
+    VALUES (%(queue)s, %(rate)s, %(burst)s, %(max_running)s, %(key_concurrency)s,
+            COALESCE(%(burst)s, 0))
+    ON CONFLICT (queue) DO UPDATE
+    SET rate = EXCLUDED.rate,
+        burst = EXCLUDED.burst,
+        max_running = EXCLUDED.max_running,
+        key_concurrency = EXCLUDED.key_concurrency,
+        tokens = least(l.tokens, COALESCE(EXCLUDED.burst, 0)),
+        updated_at = now()
+    RETURNING l.queue
+)
+SELECT p.rate, p.burst, p.max_running, p.key_concurrency FROM previous AS p
 
 -- name: limits_clear
 -- At start of a worker running the queue without limits. A worker still running it with

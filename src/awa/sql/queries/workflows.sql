@@ -1,6 +1,24 @@
 -- Dependencies, workflows, batches and waiting for a job (migration 11 holds the triggers
 -- that settle dependents when their parents finish).
 
+-- name: dependency_preflight
+-- Before an insert with depends_on (or of a workflow): the parent ids that name no job now,
+-- and, for a workflow id (NULL: neither), whether another transaction is inserting it
+-- (busy: it holds the transaction-level lock taken here, two-key form so that it never meets
+-- the single-key locks of migrations and leadership) or jobs of it exist already (taken).
+-- A parent must exist before the insert, so a job can never name itself or another job of
+-- the same insert.
+SELECT COALESCE((SELECT array_agg(wanted ORDER BY wanted)
+                 FROM unnest(%(parents)s::bigint[]) AS wanted
+                 WHERE NOT EXISTS (SELECT 1 FROM awa.jobs AS j WHERE j.id = wanted)),
+                '{}') AS missing,
+       CASE WHEN %(workflow)s::uuid IS NULL THEN false
+            ELSE NOT pg_try_advisory_xact_lock(1096237376, hashtext(%(workflow)s::text))
+       END AS busy,
+       CASE WHEN %(workflow)s::uuid IS NULL THEN false
+            ELSE EXISTS (SELECT 1 FROM awa.jobs AS j WHERE j.workflow_id = %(workflow)s::uuid)
+       END AS taken
+
 -- name: add_dependencies
 -- Edges from just-inserted jobs to their parents (one array element per edge); returns the
 -- state they put each child in.
@@ -8,8 +26,16 @@ SELECT child_id, state
 FROM awa.add_dependencies(%(children)s::bigint[], %(parents)s::bigint[], %(policies)s::text[])
 
 -- name: set_workflow
--- Record the workflow (or batch) of freshly inserted jobs, with the fan-in job's marker.
-UPDATE awa.jobs SET workflow_id = %(workflow)s WHERE id = ANY(%(ids)s::bigint[])
+-- Record the workflow (or batch) of freshly inserted jobs, and count the jobs of the same
+-- workflow id that are not these (committed by another transaction since the preflight:
+-- a statement later than the preflight's lock sees them).
+WITH marked AS (
+    UPDATE awa.jobs SET workflow_id = %(workflow)s WHERE id = ANY(%(ids)s::bigint[])
+    RETURNING id
+)
+SELECT count(*) AS others
+FROM awa.jobs
+WHERE workflow_id = %(workflow)s AND NOT (id = ANY(%(ids)s::bigint[]))
 
 -- name: workflow_jobs
 -- Every job of a workflow, oldest first, with the ids it depends on.

@@ -6,16 +6,19 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
 from awa.contrib.django import conf
 from awa.contrib.django.client import get_client, import_task_modules, worker_queues
 from awa.contrib.django.serve import serve
 from awa.errors import AwaError
+from awa.model import MAX_DURATION
 from awa.observability.log_format import configure as configure_logging
 from awa.worker.settings import parse_queue
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+MAX_SHUTDOWN_TIMEOUT = MAX_DURATION.total_seconds()
 
 
 class Command(BaseCommand):  # type: ignore[misc]
@@ -50,7 +53,10 @@ class Command(BaseCommand):  # type: ignore[misc]
         settings = conf.load()
         if options["log_level"]:
             configure_logging(options["log_level"], "text")
-        import_task_modules(settings)
+        try:
+            import_task_modules(settings)
+        except ImproperlyConfigured as error:
+            raise CommandError(str(error)) from None
         client = get_client()
         queues = worker_queues(client, settings)
         if options["queues"]:
@@ -58,8 +64,11 @@ class Command(BaseCommand):  # type: ignore[misc]
         timeout = options["shutdown_timeout"]
         if timeout is None:
             timeout = settings.shutdown_timeout
-        elif timeout < 0:
-            raise CommandError("--shutdown-timeout must be >= 0")
+        elif not 0 <= timeout <= MAX_SHUTDOWN_TIMEOUT:  # NaN too
+            raise CommandError(
+                f"--shutdown-timeout must be a number of seconds from 0 to "
+                f"{MAX_SHUTDOWN_TIMEOUT:.0f}, got {timeout}"
+            )
 
         def started() -> None:
             names = ", ".join(_names(queues))
