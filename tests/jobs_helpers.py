@@ -14,6 +14,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 import awa
+from awa.worker.lanes import parse_ready
 
 Conn = psycopg.Connection[Any]
 
@@ -132,3 +133,58 @@ def notifications_so_far(listener: Conn, sender: Conn, channel: str) -> list[psy
 
 def payloads(notifies: list[psycopg.Notify], channel: str) -> list[str]:
     return [notify.payload for notify in notifies if notify.channel == channel]
+
+
+def ready_queues(notifies: list[psycopg.Notify]) -> list[str]:
+    """The queues of the ``awa_ready`` notifications (each names one lane of a queue)."""
+    queues = []
+    for payload in payloads(notifies, "awa_ready"):
+        parsed = parse_ready(payload)
+        assert parsed is not None, f"malformed awa_ready payload {payload!r}"
+        queues.append(parsed[0])
+    return queues
+
+
+@contextlib.contextmanager
+def job_insert_trigger(conn: Conn, name: str, body: str, when: str = "true") -> Iterator[None]:
+    """A BEFORE INSERT row trigger running the plpgsql ``body`` on every table a job is
+    inserted into (awa.jobs is a view over them), dropped at the end."""
+    conn.execute(
+        sql.SQL("CREATE FUNCTION {}() RETURNS trigger LANGUAGE plpgsql AS {}").format(
+            sql.Identifier(name), sql.Literal(body)
+        )
+    )
+    tables = ("active_jobs", "held_jobs")
+    for table in tables:
+        conn.execute(
+            sql.SQL(
+                "CREATE TRIGGER {} BEFORE INSERT ON {} FOR EACH ROW WHEN ({}) EXECUTE FUNCTION {}()"
+            ).format(
+                sql.Identifier(name),
+                sql.Identifier("awa", table),
+                sql.SQL(when),  # type: ignore[arg-type]
+                sql.Identifier(name),
+            )
+        )
+    try:
+        yield
+    finally:
+        for table in tables:
+            conn.execute(
+                sql.SQL("DROP TRIGGER {} ON {}").format(
+                    sql.Identifier(name), sql.Identifier("awa", table)
+                )
+            )
+        conn.execute(sql.SQL("DROP FUNCTION {}()").format(sql.Identifier(name)))
+
+
+def writer_xid(conn: Conn, job_id: int) -> str:
+    """The transaction that wrote the job's row as it is now (its home's xmin)."""
+    found = conn.execute(
+        "SELECT xmin::text FROM awa.active_jobs WHERE id = %(id)s"
+        " UNION ALL SELECT xmin::text FROM awa.held_jobs WHERE id = %(id)s"
+        " UNION ALL SELECT xmin::text FROM awa.done_jobs WHERE id = %(id)s",
+        {"id": job_id},
+    ).fetchone()
+    assert found is not None, f"no job {job_id}"
+    return str(found[0])

@@ -189,6 +189,15 @@ def seed_leader_work(owner: Conn) -> dict[str, Any]:
         " now() - interval '4 days', now() - interval '4 days', now() - interval '3 days')"
         " RETURNING id"
     ).fetchone()
+    # As if the done ring had gone round since: the slot holding it was sealed three days
+    # ago and comes next, so the leader's retention truncates it (with the owner's rights,
+    # through awa.rotate_done_ring).
+    owner.execute(
+        "UPDATE awa.storage_slots SET opened_at = now() - interval '3 days',"
+        " sealed_at = CASE WHEN slot = (awa.done_slot() + 7) % 8 THEN NULL"
+        " ELSE now() - interval '3 days' END WHERE ring = 'done'"
+    )
+    owner.execute("SELECT setval('awa.done_slot', (awa.done_slot() + 7) % 8)")
     stale = owner.execute(
         "INSERT INTO awa.runtimes (id, hostname, pid, application_name, version, queues,"
         " stale_after, started_at, heartbeat_at) VALUES (gen_random_uuid(), 'gone', 1,"
@@ -311,8 +320,9 @@ def test_the_guides_roles_run_a_worker_and_a_producer(
         assert "up to date" in attempt.stdout
         with psycopg.connect(url, autocommit=True) as conn:
             refused(conn, "CREATE TABLE awa.intruder (id integer)")
-            refused(conn, "DROP TABLE awa.jobs")
-            refused(conn, "TRUNCATE awa.jobs")
+            refused(conn, "DROP VIEW awa.jobs")
+            refused(conn, "DROP TABLE awa.held_jobs")
+            refused(conn, "TRUNCATE awa.done_jobs")
             refused(conn, "DELETE FROM awa.schema_migrations")
             refused(conn, "INSERT INTO awa.queues (queue, paused) VALUES ('deploy', true)")
     with psycopg.connect(producer_url, autocommit=True) as producer:
@@ -324,7 +334,7 @@ def test_the_guides_roles_run_a_worker_and_a_producer(
         # A non-owner's VACUUM is skipped with a warning, not an error.
         notices: list[str] = []
         conn.add_notice_handler(lambda notice: notices.append(notice.message_primary or ""))
-        conn.execute("VACUUM awa.jobs")
+        conn.execute("VACUUM awa.held_jobs")
         assert any("skipping" in notice for notice in notices), notices
 
     worker = Worker(worker_url, tmp_path / "worker.log")

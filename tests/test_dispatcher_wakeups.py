@@ -13,6 +13,7 @@ from typing import Any
 
 from awa.worker.config import QueueConfig
 from awa.worker.dispatcher import QueueDispatcher
+from awa.worker.lanes import LanePositions
 
 
 @dataclasses.dataclass
@@ -42,7 +43,9 @@ class Scripted:
         self.started: list[str] = []
         self.stopping = False
 
-    async def claim(self, config: QueueConfig, limit: int) -> tuple[list[Any], None]:
+    async def claim(
+        self, config: QueueConfig, limit: int, lanes: LanePositions
+    ) -> tuple[list[Any], None]:
         answer: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
         await self.claims.put(answer)
         return await answer, None

@@ -48,10 +48,16 @@ async def test_the_lifespan_worker_runs_a_job_an_endpoint_inserted(
                 return bool(answer.json()["welcomed"])
 
             await wait_for(welcomed, timeout=10)
-            state = conn.execute(
-                "SELECT state FROM awa.jobs WHERE id = %s", (created["job_id"],)
-            ).fetchone()
-            assert state == ("completed",)
+
+            def completed() -> bool:
+                # The handler's own transaction committed the welcome; the completion
+                # commits a moment later, in the completer's batch.
+                state = conn.execute(
+                    "SELECT state FROM awa.jobs WHERE id = %s", (created["job_id"],)
+                ).fetchone()
+                return state == ("completed",)
+
+            await wait_for(completed, timeout=10)
 
             refused = await http.post("/signups", json={"email": "bob@example.invalid"})
             assert refused.status_code == 422

@@ -19,8 +19,8 @@ from click.testing import CliRunner
 
 import awa
 from awa.cli import main
-from awa.sql import query
 from awa.worker.config import QueueConfig, parse_queues
+from awa.worker.lanes import LanePositions, claim_statement
 from awa.worker.settings import parse_value, resolve
 from awa.worker.weighted_pool import WeightedPool
 from helpers_flow import RunningSampler
@@ -326,7 +326,7 @@ def test_one_claim_sees_past_a_keys_backlog(conn: Conn) -> None:
     )
     rows = conn.execute(
         "SELECT id, concurrency_key, retry_after FROM awa.claim_limited("
-        "'api', 8, interval '5 min', NULL, NULL, NULL, 2)"
+        "'api', 8, interval '5 min', NULL, NULL, NULL, 2, NULL, NULL)"
     ).fetchall()
     keys = sorted((key or "-") for job_id, key, _ in rows if job_id is not None)
     assert keys == ["-", "big", "big", "small"]
@@ -334,8 +334,8 @@ def test_one_claim_sees_past_a_keys_backlog(conn: Conn) -> None:
     assert [wait for job_id, _, wait in rows if job_id is None] == [0.05]
     # The next claim skips the full key at once.
     again = conn.execute(
-        "SELECT id FROM awa.claim_limited('api', 8, interval '5 min', NULL, NULL, NULL, 2)"
-        " WHERE id IS NOT NULL"
+        "SELECT id FROM awa.claim_limited('api', 8, interval '5 min', NULL, NULL, NULL, 2,"
+        " NULL, NULL) WHERE id IS NOT NULL"
     ).fetchall()
     assert again == []
 
@@ -350,10 +350,17 @@ def test_the_limited_claim_returns_the_columns_of_the_plain_claim(conn: Conn) ->
             " '{t}', interval '7 s', 'k')"
         )
     plain = conn.execute(
-        query("claim_jobs"), {"queue": "api", "limit": 1, "deadline": dt.timedelta(seconds=60)}
+        claim_statement((1, 2, 3, 4), 256),
+        {
+            "queue": "api",
+            "limit": 1,
+            "deadline": dt.timedelta(seconds=60),
+            **LanePositions().params(),
+        },
     ).fetchone()
     limited = conn.execute(
-        "SELECT * FROM awa.claim_limited('api', 1, interval '60 s', NULL, NULL, 5, NULL)"
+        "SELECT * FROM awa.claim_limited('api', 1, interval '60 s', NULL, NULL, 5, NULL,"
+        " NULL, NULL)"
     ).fetchone()
     assert plain is not None
     assert limited is not None

@@ -11,7 +11,7 @@ from typing import Any
 import awa
 from helpers_lifecycle import Recorder, hooks_idle, jobs_of_kind
 from helpers_worker import queue, start, wait_for, wait_for_all
-from jobs_helpers import Conn
+from jobs_helpers import Conn, job_insert_trigger
 
 TRIGGERS = "orders"
 BATCH = 20
@@ -100,20 +100,14 @@ async def test_a_refused_insert_takes_its_jobs_one_by_one(
     """The database refuses one follow-up of the batch (a trigger raises for it): the batch's
     follow-up part rolls back, its jobs are committed one by one, and only the job whose
     follow-up is refused fails; the others complete with their follow-ups."""
-    conn.execute(
-        """
-        CREATE FUNCTION awa_test_refuse_five() RETURNS trigger LANGUAGE plpgsql AS $$
+    refuse = """
         BEGIN
             IF NEW.kind = 'receipt' AND (NEW.args->>'order')::int = 5 THEN
                 RAISE EXCEPTION 'receipt 5 refused';
             END IF;
             RETURN NEW;
-        END $$;
-        CREATE TRIGGER awa_test_refuse_five BEFORE INSERT ON awa.jobs
-            FOR EACH ROW EXECUTE FUNCTION awa_test_refuse_five();
-        """
-    )
-    try:
+        END"""
+    with job_insert_trigger(conn, "awa_test_refuse_five", refuse):
         client.on_completed_enqueue(Order, lambda args, job: Receipt(args.n, job.id))
 
         @client.task(Order, queue=TRIGGERS)
@@ -131,11 +125,7 @@ async def test_a_refused_insert_takes_its_jobs_one_by_one(
         ).fetchall()
         assert failed[0] == {"n": 5}
         assert "receipt 5 refused" in failed[1][-1]["error"]
-    finally:
         await client.shutdown()
-        conn.execute(
-            "DROP TRIGGER awa_test_refuse_five ON awa.jobs; DROP FUNCTION awa_test_refuse_five();"
-        )
 
 
 async def test_async_closures_of_a_batch_run_side_by_side(

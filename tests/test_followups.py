@@ -35,7 +35,7 @@ from helpers_worker import (
     wait_for_all,
     wait_for_state,
 )
-from jobs_helpers import Conn
+from jobs_helpers import Conn, job_insert_trigger
 
 TRIGGERS = "signups"  # the queue triggers run on; follow-ups go elsewhere and stay put
 
@@ -1022,15 +1022,8 @@ async def test_follow_up_insert_refused_by_the_database_fails_the_attempt(
     """A follow-up that passes validation but that the database refuses (here a trigger
     raises for its kind) is a failed follow-up like a raising closure: the attempt is
     recorded as failed with the database's message, not left running."""
-    conn.execute(
-        """
-        CREATE FUNCTION awa_test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
-        BEGIN RAISE EXCEPTION 'refused by a trigger'; END $$;
-        CREATE TRIGGER awa_test_refuse BEFORE INSERT ON awa.jobs
-            FOR EACH ROW WHEN (NEW.kind = 'audit_entry') EXECUTE FUNCTION awa_test_refuse();
-        """
-    )
-    try:
+    refuse = "BEGIN RAISE EXCEPTION 'refused by a trigger'; END"
+    with job_insert_trigger(conn, "awa_test_refuse", refuse, "NEW.kind = 'audit_entry'"):
         client.on_completed_enqueue(Signup, lambda args, job: AuditEntry(args.user_id))
 
         @client.task(Signup, queue=TRIGGERS)
@@ -1044,6 +1037,4 @@ async def test_follow_up_insert_refused_by_the_database_fails_the_attempt(
         assert "inserting the follow-ups of on_completed_enqueue for 'signup'" in error
         assert "refused by a trigger" in error
         assert follow_ups(conn, "audit_entry") == []
-    finally:
         await client.shutdown()
-        conn.execute("DROP TRIGGER awa_test_refuse ON awa.jobs; DROP FUNCTION awa_test_refuse();")

@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 
 import awa
-from jobs_helpers import Conn
+from jobs_helpers import Conn, job_insert_trigger
 
 CALLERS = 60
 
@@ -58,24 +58,14 @@ async def test_one_unique_key_wins_and_each_loser_gets_its_own_conflict(
 async def test_an_error_reaches_only_its_own_caller(client: awa.AsyncClient, conn: Conn) -> None:
     """The database refuses one job of a group (a trigger raises for it): its caller gets
     the error, every other caller its row."""
-    conn.execute(
-        """
-        CREATE FUNCTION awa_test_refuse_13() RETURNS trigger LANGUAGE plpgsql AS $$
+    refuse = """
         BEGIN
             IF (NEW.args->>'n')::int = 13 THEN RAISE EXCEPTION 'note 13 refused'; END IF;
             RETURN NEW;
-        END $$;
-        CREATE TRIGGER awa_test_refuse_13 BEFORE INSERT ON awa.jobs
-            FOR EACH ROW EXECUTE FUNCTION awa_test_refuse_13();
-        """
-    )
-    try:
+        END"""
+    with job_insert_trigger(conn, "awa_test_refuse_13", refuse):
         outcomes = await asyncio.gather(
             *(client.insert(Note(n)) for n in range(CALLERS)), return_exceptions=True
-        )
-    finally:
-        conn.execute(
-            "DROP TRIGGER awa_test_refuse_13 ON awa.jobs; DROP FUNCTION awa_test_refuse_13();"
         )
     failed = [n for n, outcome in enumerate(outcomes) if isinstance(outcome, BaseException)]
     assert failed == [13]

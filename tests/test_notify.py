@@ -1,4 +1,5 @@
-"""Inserting an available job wakes workers: one NOTIFY on ``awa_jobs`` with the queue name."""
+"""Inserting an available job wakes workers: one NOTIFY on ``awa_ready`` per lane of a queue
+(``"priority position_us id queue"``, where the earliest inserted job of the lane sits)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import datetime as dt
 import pytest
 
 import awa
+from awa.worker.lanes import parse_ready
 from jobs_helpers import (
     INSERT_PATHS,
     Conn,
@@ -16,6 +18,7 @@ from jobs_helpers import (
     listening,
     notifications_so_far,
     payloads,
+    ready_queues,
 )
 
 
@@ -33,21 +36,26 @@ async def test_available_insert_notifies_once_with_the_queue(
     client: awa.AsyncClient, sync_client: awa.Client, conn: Conn, database_url: str, path: str
 ) -> None:
     long_queue = "q" * 200
-    with listening(database_url, "awa_jobs") as listener:
-        await insert_via(path, client, sync_client, Wake(), queue="mail")
+    with listening(database_url, "awa_ready") as listener:
+        first = await insert_via(path, client, sync_client, Wake(), queue="mail")
         await insert_via(path, client, sync_client, Wake(), queue=long_queue)
-        received = notifications_so_far(listener, conn, "awa_jobs")
-    assert payloads(received, "awa_jobs") == ["mail", long_queue]
-    assert {notify.channel for notify in received} == {"awa_jobs"}
+        received = notifications_so_far(listener, conn, "awa_ready")
+    assert ready_queues(received) == ["mail", long_queue]
+    assert {notify.channel for notify in received} == {"awa_ready"}
+    # The lane (priority) and position (run_at in microseconds, id) of the job.
+    parsed = parse_ready(payloads(received, "awa_ready")[0])
+    assert parsed is not None
+    run_at_us = round(first.run_at.timestamp() * 1_000_000)
+    assert parsed == ("mail", first.priority, run_at_us, first.id)
 
 
 @pytest.mark.parametrize("path", INSERT_PATHS)
 async def test_scheduled_insert_sends_nothing(
     client: awa.AsyncClient, sync_client: awa.Client, conn: Conn, database_url: str, path: str
 ) -> None:
-    with listening(database_url, "awa_jobs") as listener:
+    with listening(database_url, "awa_jobs", "awa_ready") as listener:
         job = await insert_via(path, client, sync_client, Wake(), run_at=later())
-        received = notifications_so_far(listener, conn, "awa_jobs")
+        received = notifications_so_far(listener, conn, "awa_ready")
     assert job.state is awa.JobState.SCHEDULED
     assert received == []
 
@@ -62,10 +70,10 @@ async def test_batch_notifies_once_per_queue_with_available_jobs(
         Wake(3),
         awa.EnqueueRequest(Wake(4)).queue("later").run_at(later()),
     ]
-    with listening(database_url, "awa_jobs") as listener:
+    with listening(database_url, "awa_ready") as listener:
         await insert_many_via(path, client, sync_client, batch, queue="a")
-        received = notifications_so_far(listener, conn, "awa_jobs")
-    assert sorted(payloads(received, "awa_jobs")) == ["a", "b"]
+        received = notifications_so_far(listener, conn, "awa_ready")
+    assert sorted(ready_queues(received)) == ["a", "b"]
 
 
 @pytest.mark.parametrize("flavour", ["async", "sync"])
@@ -73,37 +81,38 @@ async def test_copy_notifies(
     client: awa.AsyncClient, sync_client: awa.Client, conn: Conn, database_url: str, flavour: str
 ) -> None:
     jobs = [Wake(i) for i in range(100)] + [awa.EnqueueRequest(Wake()).queue("bulk-b")]
-    with listening(database_url, "awa_jobs") as listener:
+    with listening(database_url, "awa_ready") as listener:
         if flavour == "async":
             await client.insert_many_copy(jobs, queue="bulk-a")
             await client.insert_many_copy([Wake()], queue="bulk-c", run_at=later())
         else:
             sync_client.insert_many_copy(jobs, queue="bulk-a")
             sync_client.insert_many_copy([Wake()], queue="bulk-c", run_at=later())
-        received = notifications_so_far(listener, conn, "awa_jobs")
-    assert sorted(payloads(received, "awa_jobs")) == ["bulk-a", "bulk-b"]
+        received = notifications_so_far(listener, conn, "awa_ready")
+    assert sorted(ready_queues(received)) == ["bulk-a", "bulk-b"]
 
 
 async def test_notification_waits_for_commit(
     client: awa.AsyncClient, conn: Conn, database_url: str
 ) -> None:
-    with listening(database_url, "awa_jobs") as listener:
+    with listening(database_url, "awa_ready") as listener:
         tx = await client.transaction()
         await tx.insert(Wake(), queue="tx")
-        assert notifications_so_far(listener, conn, "awa_jobs") == []
+        await tx.insert(Wake(), queue="tx")  # a later job of the same lane: no second one
+        assert notifications_so_far(listener, conn, "awa_ready") == []
         await tx.commit()
-        assert payloads(notifications_so_far(listener, conn, "awa_jobs"), "awa_jobs") == ["tx"]
+        assert ready_queues(notifications_so_far(listener, conn, "awa_ready")) == ["tx"]
         async with client.transaction() as rolled_back:
             await rolled_back.insert(Wake(), queue="gone")
             await rolled_back.rollback()
-        assert notifications_so_far(listener, conn, "awa_jobs") == []
+        assert notifications_so_far(listener, conn, "awa_ready") == []
 
 
 async def test_conflicting_unique_insert_sends_nothing(
     client: awa.AsyncClient, conn: Conn, database_url: str
 ) -> None:
     await client.insert(Wake(), queue="u", unique_opts={})
-    with listening(database_url, "awa_jobs") as listener:
+    with listening(database_url, "awa_jobs", "awa_ready") as listener:
         with pytest.raises(awa.UniqueConflict):
             await client.insert(Wake(), queue="u", unique_opts={})
-        assert notifications_so_far(listener, conn, "awa_jobs") == []
+        assert notifications_so_far(listener, conn, "awa_ready") == []

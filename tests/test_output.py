@@ -24,7 +24,7 @@ from awa.cli import main
 from awa.testing import HandlerJob
 from helpers_lifecycle import Recorder, jobs_of_kind
 from helpers_worker import queue, start, wait_for_all, wait_for_state
-from jobs_helpers import Conn
+from jobs_helpers import Conn, writer_xid
 
 QUEUE = "reports"
 
@@ -51,9 +51,7 @@ class Totals(pydantic.BaseModel):
 
 
 def xmin(conn: Conn, job_id: int) -> str:
-    found = conn.execute("SELECT xmin::text FROM awa.jobs WHERE id = %s", (job_id,)).fetchone()
-    assert found is not None
-    return str(found[0])
+    return writer_xid(conn, job_id)
 
 
 def stored_output(conn: Conn, job_id: int) -> Any:

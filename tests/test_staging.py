@@ -36,7 +36,7 @@ from helpers_worker import (
     wait_for_all,
     wait_for_state,
 )
-from jobs_helpers import Conn
+from jobs_helpers import Conn, writer_xid
 
 QUEUE = "stage_a"
 COMMITTED = "awa.job.staged_follow_ups_committed"
@@ -78,9 +78,7 @@ def stage_b_rows(conn: Conn) -> list[dict[str, Any]]:
 
 
 def xmin(conn: Conn, job_id: int) -> str:
-    found = conn.execute("SELECT xmin::text FROM awa.jobs WHERE id = %s", (job_id,)).fetchone()
-    assert found is not None
-    return str(found[0])
+    return writer_xid(conn, job_id)
 
 
 def stage_queue(**options: Any) -> dict[str, Any]:

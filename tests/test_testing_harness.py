@@ -25,6 +25,7 @@ import pytest
 import awa
 from awa.sql import query
 from awa.testing import AwaTestClient, HandlerJob, WorkResult
+from awa.worker.lanes import claim_statement
 from helpers_lifecycle import Counters, Recorder, jobs_of_kind, metric_reader
 from helpers_worker import queue, start, wait_for
 from jobs_helpers import Conn
@@ -608,15 +609,15 @@ def test_the_fixture_module_runs_the_documented_example(database_url: str, tmp_p
 
 
 def test_the_claim_of_work_one_returns_the_columns_of_the_runtimes_claim() -> None:
-    """Job.from_claim reads both; they must list the same columns in the same order."""
+    """Job.from_claim reads both; they must list the same columns in the same order, with
+    the same changes to the row."""
+    claim_jobs = claim_statement((2,), 256)
 
-    def returning(name: str) -> str:
-        text = query(name)
+    def returning(text: str) -> str:
         return " ".join(text[text.index("RETURNING") :].split())
 
-    def sets(name: str) -> str:
-        text = query(name)
-        return " ".join(text[text.index("SET state") : text.index("FROM picked")].split())
+    def sets(text: str) -> str:
+        return " ".join(text[text.index("SET state") : text.index("WHERE j.id")].split())
 
-    assert returning("claim_one") == returning("claim_jobs")
-    assert sets("claim_one") == sets("claim_jobs")
+    assert returning(query("claim_one")) == returning(claim_jobs)
+    assert sets(query("claim_one")) == sets(claim_jobs)

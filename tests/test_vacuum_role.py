@@ -32,7 +32,7 @@ async def test_a_role_that_may_not_vacuum_stops_trying(
                 await duty.run(conn)
         notes = [r.getMessage() for r in caplog.records if "vacuum" in r.getMessage()]
         assert len(notes) == 1, notes  # said once, then the duty stays quiet
-        assert notes[0].startswith("not vacuuming awa.jobs (")
+        assert notes[0].startswith("not vacuuming awa.")
         assert "autovacuum" in notes[0]
     finally:
         with psycopg.connect(database_url, autocommit=True) as admin:

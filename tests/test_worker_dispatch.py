@@ -10,10 +10,9 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg.rows import dict_row
 
 import awa
-from awa.sql import query
+from awa.worker.lanes import LanePositions, claim_statement
 from helpers_worker import queue, second_client, start, wait_for, wait_for_all, wait_for_state
 from jobs_helpers import Conn, job_row
 
@@ -152,10 +151,10 @@ async def test_a_freed_slot_does_not_claim_from_a_queue_found_empty(
     claims = 0
     claim = dispatcher._claim
 
-    async def counting_claim(config: Any, limit: int) -> Any:
+    async def counting_claim(config: Any, limit: int, lanes: Any) -> Any:
         nonlocal claims
         claims += 1
-        return await claim(config, limit)
+        return await claim(config, limit, lanes)
 
     dispatcher._claim = counting_claim
     for n in range(5):
@@ -245,13 +244,19 @@ async def test_two_runtimes_complete_1000_jobs_exactly_once(
     assert attempts == [(1, 1)]
 
 
+CLAIM = claim_statement((1, 2, 3, 4), 256)
+"""The claim of every lane of a queue."""
+HEADS = LanePositions().params()
+"""CLAIM's parameters that read every lane from its head."""
+
+
 async def test_concurrent_raw_claims_never_return_the_same_job(
     client: awa.AsyncClient, database_url: str, conn: Conn
 ) -> None:
     """Witness for the double claim (reliability G2/E2): ten claims of 20 racing over 100
     jobs return 100 distinct jobs."""
     await client.insert_many([Ping(n) for n in range(100)])
-    params = {"queue": "default", "limit": 20, "deadline": "300 seconds"}
+    params = {"queue": "default", "limit": 20, "deadline": "300 seconds", **HEADS}
     conns = [
         await psycopg.AsyncConnection.connect(database_url, autocommit=True) for _ in range(10)
     ]
@@ -260,7 +265,7 @@ async def test_concurrent_raw_claims_never_return_the_same_job(
 
         async def claim(each: psycopg.AsyncConnection[Any]) -> list[int]:
             await gate.wait()
-            cursor = await each.execute(query("claim_jobs"), params)
+            cursor = await each.execute(CLAIM, params)
             return [row[0] for row in await cursor.fetchall()]
 
         tasks = [asyncio.create_task(claim(each)) for each in conns]
@@ -276,31 +281,30 @@ async def test_concurrent_raw_claims_never_return_the_same_job(
     assert rows.fetchall() == [(1, 1, "running")]
 
 
-async def test_replayed_stale_claim_candidates_claim_nothing(
+async def test_a_claim_from_a_lane_position_skips_what_lies_before_it(
     client: awa.AsyncClient, conn: Conn
 ) -> None:
-    """The claim's UPDATE re-checks state = 'available': replaying it with candidates that
-    another claim already took (the stale pick of bug #134) must change nothing."""
-    jobs = await client.insert_many([Ping(n) for n in range(3)])
-    ids = [job.id for job in jobs]
-    params = {"queue": "default", "limit": 3, "deadline": "300 seconds"}
-    first = conn.execute(query("claim_jobs"), params).fetchall()
-    assert sorted(r[0] for r in first) == ids
-
-    claim = query("claim_jobs")
-    update = claim[claim.index("UPDATE awa.jobs") :]
-    replay = "WITH picked AS (SELECT unnest(%(ids)s::bigint[]) AS id) " + update
-    again = conn.execute(replay, {**params, "ids": ids}).fetchall()
-    assert again == []
-    with conn.cursor(row_factory=dict_row) as cursor:
-        cursor.execute("SELECT attempt, run_lease FROM awa.jobs ORDER BY id")
-        assert cursor.fetchall() == [{"attempt": 1, "run_lease": 1}] * 3
+    """A claim reads each lane from the position it is given: jobs before it are not taken
+    (the dispatcher rewinds its lanes when such a job is announced)."""
+    jobs = await client.insert_many([Ping(n) for n in range(4)])
+    lanes = LanePositions()
+    params = {"queue": "default", "limit": 2, "deadline": "300 seconds"}
+    first = conn.execute(CLAIM, {**params, **lanes.params()}).fetchall()
+    assert [row[0] for row in first] == [jobs[0].id, jobs[1].id]
+    lanes.claimed(first, emptied=False)
+    conn.execute(
+        "UPDATE awa.jobs SET state = 'available', attempt = 0 WHERE id = %s", (jobs[1].id,)
+    )
+    rest = conn.execute(CLAIM, {**params, "limit": 5, **lanes.params()}).fetchall()
+    assert [row[0] for row in rest] == [jobs[2].id, jobs[3].id]
+    again = conn.execute(CLAIM, {**params, "limit": 5, **HEADS}).fetchall()
+    assert [row[0] for row in again] == [jobs[1].id]
 
 
 async def test_claim_honours_its_limit(client: awa.AsyncClient, conn: Conn) -> None:
     await client.insert_many([Ping(n) for n in range(10)])
-    params = {"queue": "default", "limit": 4, "deadline": "300 seconds"}
-    assert len(conn.execute(query("claim_jobs"), params).fetchall()) == 4
+    params = {"queue": "default", "limit": 4, "deadline": "300 seconds", **HEADS}
+    assert len(conn.execute(CLAIM, params).fetchall()) == 4
     row = conn.execute("SELECT count(*) FROM awa.jobs WHERE state = 'running'").fetchone()
     assert row == (4,)
 

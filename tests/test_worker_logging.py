@@ -122,7 +122,10 @@ async def test_a_stale_outcome_is_debug(
     try:
         await wait_for_state(conn, job.id, "running")
         # Move the row on under the attempt, as a rescue elsewhere would.
-        conn.execute("UPDATE awa.jobs SET state = 'available', run_lease = run_lease + 1")
+        conn.execute(
+            "UPDATE awa.jobs SET state = 'retryable', run_at = now() + interval '1 hour',"
+            " run_lease = run_lease + 1"
+        )
         release.set()
         await wait_for(lambda: records_about(caplog, job.id))
     finally:

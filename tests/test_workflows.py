@@ -13,6 +13,7 @@ import sys
 import time
 from typing import Any
 
+import psycopg
 import pytest
 
 import awa
@@ -210,6 +211,31 @@ async def test_wait_returns_at_the_commit_and_times_out_cleanly(
     assert again.id == job.id
     with pytest.raises(awa.ValidationError, match="no job 424242"):
         await client.wait(424242)
+
+
+async def test_wait_sees_a_completion_that_commits_while_it_marks_the_job(
+    client: awa.AsyncClient, conn: Conn, database_url: str
+) -> None:
+    """The job moves to the completed jobs' table while wait is flagging it in the running
+    jobs' table: wait still learns of the completion (it looks again in the new home)."""
+    job = await client.insert(Step("racing"), queue="nobody")
+    set_state(conn, job.id, "running", attempted_at=dt.datetime.now(dt.UTC))
+    with psycopg.connect(database_url) as finisher:
+        set_state(finisher, job.id, "completed", finalized_at=dt.datetime.now(dt.UTC))
+        waiter = asyncio.create_task(client.wait(job.id, timeout=5))
+
+        def watch_blocked() -> bool:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE wait_event_type = 'Lock' AND query LIKE %s",
+                ("%watch_jobs%",),
+            ).fetchone()
+            return row is not None and row[0] == 1
+
+        await wait_for(watch_blocked, message="wait never blocked on the completing job")
+        finisher.commit()
+        row = await waiter
+    assert row.state is awa.JobState.COMPLETED
 
 
 def test_blocking_wait(sync_client: awa.Client, conn: Conn) -> None:

@@ -93,29 +93,47 @@ def _copy(
     count: int, job_at: Callable[[int], PreparedJob], *, keep: bool = True
 ) -> Flow[list[JobRow]]:
     """COPY ``count`` jobs, the one at each index given by ``job_at``; the stored rows
-    (none unless ``keep``)."""
+    (none unless ``keep``). Jobs due now go to the active table, the others to the held
+    one: one COPY each (the second only when some job is scheduled)."""
     reserved = yield Statement(query("copy_reserve_ids"), {"count": count}, _first)
     now: dt.datetime = reserved["now"]
     ids: list[int] = reserved["ids"]
-    stored: list[JobRow] = []
+    stored: list[JobRow | None] = [None] * count if keep else []
+    scheduled = [
+        index
+        for index in range(count)
+        if (run_at := job_at(index).run_at) is not None and run_at > now
+    ]
 
-    def rows() -> Iterator[tuple[str | None, ...]]:
+    def rows(indexes: Iterable[int]) -> Iterator[tuple[str | None, ...]]:
         # The returned rows are built here, one pass with the formatting, rather than after
         # the COPY: no list of prepared jobs is kept alive (fewer objects for the garbage
         # collector to walk).
         row = CopyRowFormatter(now)
-        for index in range(count):
+        for index in indexes:
             job = job_at(index)
             job_id = ids[index]
             if keep:
                 run_at = job.run_at
                 due = run_at is None or run_at <= now
                 state = JobState.AVAILABLE if due else JobState.SCHEDULED
-                stored.append(stored_job(job, job_id, state, run_at or now, now))
+                stored[index] = stored_job(job, job_id, state, run_at or now, now)
             yield row(job, job_id)
 
-    yield CopyStatement(query("copy_jobs"), rows())
-    return stored
+    slot = str(reserved["slot"])
+
+    def in_slot(rows: Iterator[tuple[str | None, ...]]) -> Iterator[tuple[str | None, ...]]:
+        for row in rows:
+            yield (*row, slot)
+
+    if not scheduled:
+        yield CopyStatement(query("copy_jobs"), in_slot(rows(range(count))))
+    else:
+        later = set(scheduled)
+        due_now = (index for index in range(count) if index not in later)
+        yield CopyStatement(query("copy_jobs"), in_slot(rows(due_now)))
+        yield CopyStatement(query("copy_jobs_scheduled"), rows(scheduled))
+    return [row for row in stored if row is not None]
 
 
 def array_literal(items: Sequence[str]) -> str:

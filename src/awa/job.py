@@ -245,7 +245,7 @@ class Job(Generic[A]):
             callback_on_fail,
             callback_transform,
             concurrency_key,
-        ) = self._rest
+        ) = self._rest[:11]  # the lane position follows: the dispatcher's, not the row's
         return [
             self.id,
             self.kind,

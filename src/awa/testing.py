@@ -204,8 +204,7 @@ class AwaTestClient:
     async def clean(self) -> None:
         """Delete every job and queue setting. For test databases only."""
         async with self._client.connection() as conn:
-            await conn.execute("DELETE FROM awa.jobs")
-            await conn.execute("DELETE FROM awa.queues")
+            await conn.execute(query("testing_clean"))
 
     async def insert(self, args: Any, **kwargs: Unpack[InsertKwargs]) -> JobRow:
         """Insert a job (``AsyncClient.insert``)."""

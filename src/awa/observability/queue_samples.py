@@ -19,6 +19,7 @@ from awa.sql import query
 async def store_queue_samples(conn: psycopg.AsyncConnection[Any]) -> None:
     """Count every queue's jobs now and store the sample (the leader's duty; the UI's too
     when no leader has sampled for a while)."""
+    await conn.execute(query("fold_done_counts"))
     await conn.execute(query("queue_samples_store"))
 
 

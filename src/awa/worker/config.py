@@ -311,6 +311,9 @@ class RuntimeConfig:
     cleanup_batch_size: int = 5000
     vacuum_interval: float = 10.0
     vacuum_threshold: int = 50_000
+    # Seconds between the leader's checks whether the active ring's current slot should be
+    # sealed and another slot freed (see worker/storage_ring.py).
+    ring_rotation_interval: float = 1.0
     # Seconds an async handler has to return once its attempt is cancelled or rescued
     # (is_cancelled() turns true) before it is interrupted with CancelledError, freeing its
     # slot; None leaves it to the handler. Plain def handlers run on, in their thread.
@@ -361,6 +364,7 @@ class RuntimeConfig:
             "cron_interval",
             "queue_sample_interval",
             "dlq_retention",
+            "ring_rotation_interval",
         ):
             object.__setattr__(self, field, _positive_seconds(getattr(self, field), field))
         object.__setattr__(

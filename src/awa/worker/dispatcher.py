@@ -24,6 +24,7 @@ from typing import Any
 from awa.errors import AwaError
 from awa.job import Job
 from awa.worker.config import QueueConfig
+from awa.worker.lanes import LanePositions
 from awa.worker.outage import FailureLog
 from awa.worker.weighted_pool import WeightedPool
 
@@ -42,7 +43,9 @@ class QueueDispatcher:
         self,
         config: QueueConfig,
         *,
-        claim: Callable[[QueueConfig, int], Awaitable[tuple[list[Job[Any]], float | None]]],
+        claim: Callable[
+            [QueueConfig, int, LanePositions], Awaitable[tuple[list[Job[Any]], float | None]]
+        ],
         execute: Callable[[Job[Any], QueueConfig], Awaitable[None]],
         backlogged: Callable[[], bool],
         pool: WeightedPool | None = None,
@@ -50,6 +53,8 @@ class QueueDispatcher:
         self.config = config
         self._pool = pool if pool is not None and config.name in pool else None
         self._claim = claim
+        # Where the next claim starts in each priority lane (see worker/lanes.py).
+        self.lanes = LanePositions()
         self._execute = execute
         self._backlogged = backlogged
         # Claimed jobs waiting for a slot, in claim order (priority, then run_at, then id),
@@ -169,7 +174,7 @@ class QueueDispatcher:
                 self._more_waiting = False
                 self._freed_since_claim = False
                 try:
-                    jobs, retry_after = await self._claim(self.config, size)
+                    jobs, retry_after = await self._claim(self.config, size, self.lanes)
                 except Exception as error:
                     self._more_waiting = True
                     if self._pool is not None:

@@ -13,14 +13,15 @@ from awa.worker.descriptors import descriptor_duty
 from awa.worker.maintenance import Duty, promotion_duty, runtime_expiry_duty, vacuum_duty
 from awa.worker.queue_sampling import queue_sampling_duty
 from awa.worker.rescue import SWEEPS, Rescue, dlq_retention_duty, rescue_duty, retention_duty
+from awa.worker.storage_ring import active_ring_duty
 
 
 def leader_duties(
     config: RuntimeConfig, *, on_rescued: Callable[[list[Rescue]], Awaitable[None]]
 ) -> list[Duty]:
-    """Promotion, the three rescue sweeps, retention (of jobs and of DLQ entries), stale
-    runtimes, periodic jobs, queue samples, descriptors, batch operations, priority aging
-    and vacuum (the last two unless turned off)."""
+    """Promotion, the three rescue sweeps, retention (of jobs and of DLQ entries), the
+    active ring's rotation, stale runtimes, periodic jobs, queue samples, descriptors, batch
+    operations, priority aging and vacuum (the last two unless turned off)."""
     intervals = {
         RescueReason.STALE_HEARTBEAT: config.heartbeat_rescue_interval,
         RescueReason.DEADLINE_EXCEEDED: config.deadline_rescue_interval,
@@ -49,6 +50,7 @@ def leader_duties(
             retention=config.dlq_retention,
             batch_size=config.cleanup_batch_size,
         ),
+        active_ring_duty(config.ring_rotation_interval),
         runtime_expiry_duty(config.cleanup_interval),
         cron_duty(config.cron_interval),
         queue_sampling_duty(config.queue_sample_interval),

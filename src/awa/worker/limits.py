@@ -23,12 +23,16 @@ from awa.db import run_async
 from awa.dlq import store_settings_statement
 from awa.sql import query
 from awa.worker.config import QueueConfig
+from awa.worker.lanes import LanePositions, claim_statement
 from awa.worker.maintenance import Duty
 
 log = logging.getLogger("awa.worker")
 
 # Rows of claim_limited: the 27 columns of claim_jobs, then retry_after.
 _RETRY_AFTER = 27
+
+# Claim parameters that read every lane of a queue from its head.
+HEADS: dict[str, list[int | None]] = {"after_us": [None] * 4, "after_id": [None] * 4}
 
 # The shortest wait a limited claim asks for, so that a drained bucket is not polled hot.
 MIN_RETRY_AFTER = 0.005
@@ -57,17 +61,40 @@ def limit_params(queue: QueueConfig) -> dict[str, Any]:
     }
 
 
-async def claim(conn: psycopg.AsyncConnection[Any], queue: QueueConfig, limit: int) -> Claimed:
-    """Claim up to ``limit`` jobs of ``queue``, within its limits."""
+async def claim(
+    conn: psycopg.AsyncConnection[Any], queue: QueueConfig, limit: int, lanes: LanePositions
+) -> Claimed:
+    """Claim up to ``limit`` jobs of ``queue``, within its limits, reading its lanes from
+    where ``lanes`` says (and moving them past what was claimed)."""
     deadline = dt.timedelta(seconds=queue.deadline_duration)
-    async with conn.cursor(row_factory=tuple_row, binary=True) as cursor:
-        if not queue.limited:
-            params = {"queue": queue.name, "limit": limit, "deadline": deadline}
-            await cursor.execute(query("claim_jobs"), params)
-            return Claimed(await cursor.fetchall())
-        params = {**limit_params(queue), "limit": limit, "deadline": deadline}
-        await cursor.execute(query("claim_limited"), params)
-        rows = await cursor.fetchall()
+    # A claim under a per-key limit skips the jobs whose key is full: no position past
+    # them is safe, so such a queue reads its lanes from their heads.
+    keyed = queue.key_concurrency is not None
+    priorities = lanes.start_claim()
+    if not priorities and not queue.limited:
+        lanes.claimed([], emptied=False)  # every lane was found empty, none announced since
+        return Claimed([])
+    try:
+        async with conn.cursor(row_factory=tuple_row, binary=True) as cursor:
+            if not queue.limited:
+                params = {
+                    "queue": queue.name,
+                    "limit": limit,
+                    "deadline": deadline,
+                    **lanes.params(priorities),
+                }
+                statement = claim_statement(priorities, max(queue.claim_batch_size, limit))
+                await cursor.execute(statement, params)
+                claimed = Claimed(await cursor.fetchall())
+                lanes.claimed(claimed.rows, emptied=len(claimed.rows) < limit)
+                return claimed
+            positions = HEADS if keyed else lanes.arrays()
+            params = {**limit_params(queue), "limit": limit, "deadline": deadline, **positions}
+            await cursor.execute(query("claim_limited"), params)
+            rows = await cursor.fetchall()
+    except BaseException:
+        lanes.failed()
+        raise
     retry_after = None
     jobs = []
     for row in rows:
@@ -75,6 +102,8 @@ async def claim(conn: psycopg.AsyncConnection[Any], queue: QueueConfig, limit: i
             retry_after = max(float(row[_RETRY_AFTER]), MIN_RETRY_AFTER)
         else:
             jobs.append(row[:_RETRY_AFTER])
+    # A limit may have held jobs back: the lanes are not known to be empty.
+    lanes.claimed([] if keyed else jobs, emptied=False)
     return Claimed(jobs, retry_after)
 
 

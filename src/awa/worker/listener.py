@@ -1,9 +1,11 @@
 """LISTEN for new jobs and for cancellations, on one dedicated connection.
 
-Channel ``awa_jobs`` carries the queue name of newly available jobs; ``awa_cancel`` carries
-``{"job_id", "run_lease"}`` of a running attempt an operator cancelled. When the connection
-drops, workers fall back to polling until it is back, and every queue is woken on reconnect
-in case a notification was missed.
+Channel ``awa_ready`` carries where newly inserted available jobs sit in their lane
+(``"priority position_us id queue"``, see worker/lanes.py); ``awa_jobs`` carries the queue
+name of jobs that became available otherwise; ``awa_cancel`` carries ``{"job_id",
+"run_lease"}`` of a running attempt an operator cancelled. When the connection drops,
+workers fall back to polling until it is back, and every queue is woken (its lanes read
+from their heads) on reconnect in case a notification was missed.
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ import psycopg
 
 from awa.db import connection_kwargs
 from awa.sql import query
+from awa.worker.lanes import parse_ready
 from awa.worker.outage import FailureLog
 
 log = logging.getLogger("awa.worker")
 
 JOBS_CHANNEL = "awa_jobs"
+READY_CHANNEL = "awa_ready"
 CANCEL_CHANNEL = "awa_cancel"
 CALLBACKS_CHANNEL = "awa_callbacks"
 
@@ -35,6 +39,7 @@ class Listener:
         *,
         application_name: str,
         on_jobs: Callable[[str], None],
+        on_ready: Callable[[str, int, int, int], None],
         on_cancel: Callable[[int, int | None], None],
         on_callback: Callable[[int], None],
         on_reconnect: Callable[[], None],
@@ -42,6 +47,7 @@ class Listener:
         self._url = url
         self._application_name = application_name
         self._on_jobs = on_jobs
+        self._on_ready = on_ready
         self._on_cancel = on_cancel
         self._on_callback = on_callback
         self._on_reconnect = on_reconnect
@@ -97,6 +103,13 @@ class Listener:
             delay = min(delay * 2, 5.0)
 
     def _dispatch(self, channel: str, payload: str) -> None:
+        if channel == READY_CHANNEL:
+            ready = parse_ready(payload)
+            if ready is None:
+                log.warning("ignoring a malformed ready notification: %r", payload[:200])
+            else:
+                self._on_ready(*ready)
+            return
         if channel == JOBS_CHANNEL:
             self._on_jobs(payload)
             return

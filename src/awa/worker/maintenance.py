@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
+from psycopg import sql
 from psycopg.rows import dict_row
 
 from awa.db import connection_kwargs
@@ -181,14 +182,16 @@ async def _promote_one_by_one(conn: psycopg.AsyncConnection[Any], batch_size: in
 
 
 def vacuum_duty(interval: float, threshold: int) -> Duty:
-    """VACUUM awa.jobs once it holds more than ``threshold`` dead rows: a busy queue makes
-    dead rows faster than autovacuum (which visits a database once a minute by default)
-    reclaims them, and claims slow down as they pile up."""
+    """VACUUM a job table (a slot of the active ring, or held_jobs) once it holds more than
+    ``threshold`` dead rows: a busy queue makes dead rows faster than autovacuum (which
+    visits a database once a minute by default) reclaims them. Rotation truncates the
+    active ring's slots anyway; vacuum keeps them small between truncations while no
+    snapshot stops it."""
 
     skipped: list[str] = []
 
     def on_notice(notice: psycopg.errors.Diagnostic) -> None:
-        # A role that neither owns awa.jobs nor may maintain it gets a warning, not an error.
+        # A role that neither owns the tables nor may maintain them gets a warning.
         if notice.message_primary and "skipping" in notice.message_primary:
             skipped.append(notice.message_primary)
 
@@ -197,20 +200,26 @@ def vacuum_duty(interval: float, threshold: int) -> Duty:
             return  # not this role's to vacuum: autovacuum does it
         async with conn.cursor(row_factory=dict_row) as cursor:
             await cursor.execute(query("jobs_dead_tuples"))
-            row = await cursor.fetchone()
-        if row is not None and row["dead"] is not None and row["dead"] > threshold:
+            rows = await cursor.fetchall()
+        for row in rows:
+            if row["dead"] is None or row["dead"] <= threshold:
+                continue
+            statement = sql.SQL(query("vacuum_jobs")).format(
+                relation=sql.Identifier(row["relation"])
+            )
             conn.add_notice_handler(on_notice)
             try:
-                await conn.execute(query("vacuum_jobs"))
+                await conn.execute(statement)
             finally:
                 conn.remove_notice_handler(on_notice)
             if skipped:
                 log.info(
-                    "not vacuuming awa.jobs (%s); autovacuum reclaims its dead rows",
+                    "not vacuuming awa.%s (%s); autovacuum reclaims its dead rows",
+                    row["relation"],
                     skipped[0],
                 )
-            else:
-                log.debug("vacuumed awa.jobs (%s dead rows)", row["dead"])
+                return
+            log.debug("vacuumed awa.%s (%s dead rows)", row["relation"], row["dead"])
 
     return Duty("vacuum", interval, vacuum)
 

@@ -31,6 +31,7 @@ from awa.model import JobRow
 from awa.observability import metrics
 from awa.sql import query
 from awa.worker.maintenance import Duty
+from awa.worker.storage_ring import rotate_done_ring
 
 log = logging.getLogger("awa.maintenance")
 
@@ -38,7 +39,8 @@ log = logging.getLogger("awa.maintenance")
 @dataclasses.dataclass(frozen=True, slots=True)
 class Sweep:
     reason: RescueReason
-    condition: LiteralString  # the query holding the sweep's condition on awa.jobs AS j
+    condition: LiteralString  # the query holding the sweep's condition on its home AS j
+    home: LiteralString  # the table its candidates live in: running or parked jobs
     error: str
     metric_kind: str
     # Whether the rescued attempts are announced on awa_cancel, so that a handler still
@@ -51,6 +53,7 @@ SWEEPS = {
     RescueReason.STALE_HEARTBEAT: Sweep(
         RescueReason.STALE_HEARTBEAT,
         "rescue_condition_stale_heartbeat",
+        "active_jobs",
         "heartbeat stale: worker presumed dead",
         "heartbeat",
         announce=True,
@@ -58,6 +61,7 @@ SWEEPS = {
     RescueReason.DEADLINE_EXCEEDED: Sweep(
         RescueReason.DEADLINE_EXCEEDED,
         "rescue_condition_deadline_exceeded",
+        "active_jobs",
         "hard deadline exceeded",
         "deadline",
         announce=True,
@@ -65,6 +69,7 @@ SWEEPS = {
     RescueReason.EXPIRED_CALLBACK: Sweep(
         RescueReason.EXPIRED_CALLBACK,
         "rescue_condition_expired_callback",
+        "held_jobs",
         "callback timed out",
         "callback_timeout",
         announce=False,
@@ -82,8 +87,13 @@ class Rescue:
     duplicate: bool = False
 
 
-def _composed(name: LiteralString, sweep: Sweep) -> sql.Composed:
-    return sql.SQL(query(name)).format(condition=sql.SQL(query(sweep.condition)))
+def _composed(
+    name: LiteralString, sweep: Sweep, condition: sql.Composable | None = None
+) -> sql.Composed:
+    return sql.SQL(query(name)).format(
+        condition=condition if condition is not None else sql.SQL(query(sweep.condition)),
+        home=sql.Identifier(sweep.home),
+    )
 
 
 async def rescue(
@@ -118,7 +128,7 @@ async def _rescue_one_by_one(
     one_candidate = sql.SQL("{} AND j.id = {}").format(
         sql.SQL(query(sweep.condition)), sql.Placeholder("id")
     )
-    single = sql.SQL(query("rescue_jobs")).format(condition=one_candidate)
+    single = _composed("rescue_jobs", sweep, one_candidate)
     cancel = _composed("cancel_rescued_duplicate", sweep)
     rescued: list[Rescue] = []
     for job_id in ids:
@@ -167,10 +177,13 @@ def rescue_duty(
 def retention_duty(
     *, interval: float, completed: float, failed: float, batch_size: int, max_batches: int = 50
 ) -> Duty:
-    """Delete finished jobs past their retention, in batches until none are left (at most
-    ``max_batches`` per tick, so other duties keep their rhythm)."""
+    """Retention: completed jobs leave with their slot of the done ring (truncated whole
+    once past ``completed``); failed and cancelled ones, and the completed ones of queues
+    with a shorter retention of their own, are deleted in batches until none are left (at
+    most ``max_batches`` per tick, so other duties keep their rhythm)."""
 
     async def run(conn: psycopg.AsyncConnection[Any]) -> None:
+        await rotate_done_ring(conn, completed)
         params = {"completed": completed, "failed": failed, "limit": batch_size}
         total = 0
         for _ in range(max_batches):

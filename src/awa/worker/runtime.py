@@ -49,6 +49,7 @@ from awa.worker.finalizer import (
 )
 from awa.worker.follow_up_batch import flush_with_follow_ups
 from awa.worker.heartbeat import Heartbeat
+from awa.worker.lanes import LanePositions
 from awa.worker.listener import Listener
 from awa.worker.maintenance import (
     Maintenance,
@@ -222,6 +223,7 @@ class Runtime:
             url,
             application_name=self._application_name,
             on_jobs=self.wake,
+            on_ready=self._ready,
             on_cancel=self._cancel_attempt,
             on_callback=self._wake_callback_waiter,
             on_reconnect=self._wake_all,
@@ -375,12 +377,21 @@ class Runtime:
     # Wakeups and cancellation -------------------------------------------------------------
 
     def wake(self, queue: str) -> None:
+        """Jobs of ``queue`` became available somewhere in its lanes: claim from their heads."""
         dispatcher = self._dispatchers.get(queue)
         if dispatcher is not None:
+            dispatcher.lanes.reset()
+            dispatcher.wake()
+
+    def _ready(self, queue: str, priority: int, position_us: int, job_id: int) -> None:
+        dispatcher = self._dispatchers.get(queue)
+        if dispatcher is not None:
+            dispatcher.lanes.rewind(priority, position_us, job_id)
             dispatcher.wake()
 
     def _wake_all(self) -> None:
         for dispatcher in self._dispatchers.values():
+            dispatcher.lanes.reset()
             dispatcher.wake()
 
     def _cancel_attempt(self, job_id: int, run_lease: int | None) -> None:
@@ -411,10 +422,12 @@ class Runtime:
 
     # Claim, execute, finalize ------------------------------------------------------------
 
-    async def _claim(self, queue: QueueConfig, limit: int) -> tuple[list[Job[Any]], float | None]:
+    async def _claim(
+        self, queue: QueueConfig, limit: int, lanes: LanePositions
+    ) -> tuple[list[Job[Any]], float | None]:
         with translate_errors():
             async with self._host.connection() as conn:
-                claimed = await limits.claim(conn, queue, limit)
+                claimed = await limits.claim(conn, queue, limit, lanes)
         jobs = [Job.from_claim(row, self) for row in claimed.rows]
         for job in jobs:
             self.inflight.add(job)

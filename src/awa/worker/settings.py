@@ -51,8 +51,10 @@ RUNTIME_HELP: dict[str, str] = {
     "failed_retention": "Seconds failed jobs are kept (default 7 days).",
     "cleanup_interval": "Seconds between retention sweeps.",
     "cleanup_batch_size": "Jobs deleted per retention statement.",
-    "vacuum_interval": "Seconds between dead-row checks of awa.jobs (0: never vacuum).",
-    "vacuum_threshold": "Dead rows in awa.jobs that make the leader vacuum it.",
+    "vacuum_interval": "Seconds between dead-row checks of the job tables (0: never vacuum).",
+    "vacuum_threshold": "Dead rows in a job table that make the leader vacuum it.",
+    "ring_rotation_interval": "Seconds between the leader's checks whether to rotate the "
+    "active jobs' storage ring.",
     "cron_interval": "Seconds between the leader's evaluations of periodic-job schedules.",
     "cancel_grace": "Seconds a cancelled or rescued async handler has before it is "
     "interrupted ('none': never interrupt).",

@@ -15,48 +15,34 @@ ORDER BY id DESC
 LIMIT %(limit)s
 
 -- name: cancel_job
--- Any job that has not finished may be cancelled. The running attempt of a running or parked
--- job is not interrupted by the database: its later writes miss the state = 'running' guard,
--- and the awa_cancel notification lets the process that runs it flip job.is_cancelled().
-WITH target AS (
-    SELECT id, state AS prior_state FROM awa.jobs
-    WHERE id = %(id)s AND state NOT IN ('completed', 'failed', 'cancelled')
-    FOR UPDATE
-), cancelled AS (
-    UPDATE awa.jobs AS j
-    SET state = 'cancelled', finalized_at = now(), heartbeat_at = NULL, deadline_at = NULL,
-        callback_id = NULL, callback_timeout_at = NULL, callback_filter = NULL,
-        callback_on_complete = NULL, callback_on_fail = NULL, callback_transform = NULL
-    FROM target
-    WHERE j.id = target.id
-    RETURNING j.*, target.prior_state
-)
-SELECT c.* FROM cancelled AS c
+-- Any job that has not finished may be cancelled (awa.cancel_jobs locks it wherever it is,
+-- then cancels it). The running attempt of a running or parked job is not interrupted by
+-- the database: its later writes miss the state = 'running' guard, and the awa_cancel
+-- notification lets the process that runs it flip job.is_cancelled().
+SELECT (c.job).*, c.prior_state
+FROM awa.cancel_jobs(ARRAY[%(id)s::bigint], NULL) AS c
 LEFT JOIN LATERAL (
-    SELECT pg_notify('awa_cancel', json_build_object('job_id', c.id, 'run_lease', c.run_lease)::text)
+    SELECT pg_notify('awa_cancel',
+                     json_build_object('job_id', (c.job).id, 'run_lease', (c.job).run_lease)::text)
     WHERE c.prior_state IN ('running', 'waiting_external')
 ) AS n ON true
 
 -- name: cancel_by_unique_key
--- Cancels the oldest unfinished job holding the key (same effects as cancel_job).
-WITH target AS (
-    SELECT id, state AS prior_state FROM awa.jobs
-    WHERE unique_key = %(key)s AND state NOT IN ('completed', 'failed', 'cancelled')
-    ORDER BY id
-    LIMIT 1
-    FOR UPDATE
-), cancelled AS (
-    UPDATE awa.jobs AS j
-    SET state = 'cancelled', finalized_at = now(), heartbeat_at = NULL, deadline_at = NULL,
-        callback_id = NULL, callback_timeout_at = NULL, callback_filter = NULL,
-        callback_on_complete = NULL, callback_on_fail = NULL, callback_transform = NULL
-    FROM target
-    WHERE j.id = target.id
-    RETURNING j.*, target.prior_state
-)
-SELECT c.* FROM cancelled AS c
+-- Cancels the oldest unfinished job with the key (same effects as cancel_job): the job
+-- holding it (awa.unique_keys), or a job in a state outside its mask (a parked one, say),
+-- which can only be in held_jobs for the default mask.
+SELECT (c.job).*, c.prior_state
+FROM awa.cancel_jobs(ARRAY(
+    SELECT min(w.id) FROM (
+        SELECT k.job_id AS id FROM awa.unique_keys AS k WHERE k.unique_key = %(key)s
+        UNION ALL
+        SELECT h.id FROM awa.held_jobs AS h
+        WHERE h.unique_key = %(key)s AND h.state NOT IN ('failed', 'cancelled')
+    ) AS w
+), NULL) AS c
 LEFT JOIN LATERAL (
-    SELECT pg_notify('awa_cancel', json_build_object('job_id', c.id, 'run_lease', c.run_lease)::text)
+    SELECT pg_notify('awa_cancel',
+                     json_build_object('job_id', (c.job).id, 'run_lease', (c.job).run_lease)::text)
     WHERE c.prior_state IN ('running', 'waiting_external')
 ) AS n ON true
 
@@ -98,9 +84,7 @@ WITH failed AS (
         ORDER BY unique_key, id DESC
     ) AS newest
     WHERE NOT EXISTS (
-        SELECT 1 FROM awa.jobs AS holder
-        WHERE holder.unique_key = newest.unique_key
-          AND awa.unique_key_held(holder.unique_states, holder.state)
+        SELECT 1 FROM awa.unique_keys AS holder WHERE holder.unique_key = newest.unique_key
     )
 ), moved AS (
     UPDATE awa.jobs AS j
@@ -189,8 +173,16 @@ SELECT count(*) AS count FROM drained
 -- Per queue: counts by state, the age of the oldest job waiting to be claimed, and the
 -- fleet-wide limits with the due jobs each holds back right now: a key at its limit holds
 -- that key's jobs; a queue at its cap, or with an empty token bucket, holds the rest.
-WITH counts AS (
-    SELECT queue, state, count(*) AS n FROM awa.jobs GROUP BY queue, state
+-- Completed jobs are counted by awa.completed_counts (migration 12): exact, without reading
+-- every completed row.
+WITH completed AS (
+    SELECT * FROM awa.completed_counts(now() - interval '1 hour')
+), counts AS (
+    SELECT queue, state, count(*) AS n FROM awa.jobs
+    WHERE state <> 'completed'
+    GROUP BY queue, state
+    UNION ALL
+    SELECT queue, 'completed', total FROM completed WHERE total > 0
 ), per_queue AS (
     SELECT queue, jsonb_object_agg(state, n) AS counts FROM counts GROUP BY queue
 ), oldest AS (
@@ -216,10 +208,7 @@ WITH counts AS (
     WHERE j.state = 'available' AND j.run_at <= now()
     GROUP BY j.queue
 ), recent AS (
-    -- Completed in the last hour: a range on jobs_finalized_idx.
-    SELECT queue, count(*) AS n FROM awa.jobs
-    WHERE state = 'completed' AND finalized_at > now() - interval '1 hour'
-    GROUP BY queue
+    SELECT queue, since AS n FROM completed
 ), names AS (
     SELECT queue FROM per_queue UNION SELECT queue FROM awa.queues
     UNION SELECT queue FROM awa.queue_limits

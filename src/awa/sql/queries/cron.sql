@@ -38,7 +38,7 @@ WITH fired AS (
       AND paused_at IS NULL
     RETURNING name, kind, queue, args, priority, max_attempts, tags, metadata
 )
-INSERT INTO awa.jobs (kind, queue, args, state, priority, max_attempts, run_at, metadata, tags)
+INSERT INTO awa.active_jobs (kind, queue, args, state, priority, max_attempts, run_at, metadata, tags)
 SELECT kind, queue, args, 'available', priority, max_attempts, now(),
        metadata || jsonb_build_object('cron_name', name, 'cron_fire_time', %(fire_text)s::text),
        tags
@@ -47,7 +47,7 @@ RETURNING id
 
 -- name: cron_trigger
 -- Enqueue a schedule's job now, paused or not, without moving its fire history.
-INSERT INTO awa.jobs (kind, queue, args, state, priority, max_attempts, run_at, metadata, tags)
+INSERT INTO awa.active_jobs (kind, queue, args, state, priority, max_attempts, run_at, metadata, tags)
 SELECT kind, queue, args, 'available', priority, max_attempts, now(),
        metadata || jsonb_build_object('cron_name', name, 'cron_fire_time', %(at)s::text,
                                       'triggered_manually', true),

@@ -42,7 +42,16 @@ ORDER BY count(*) DESC, queue
 -- entry is deleted only when a job was inserted); holder_id names the holder then.
 -- Rows: none (no such entry), or one with revived_id NULL (key held) or set (revived).
 WITH entry AS (
-    SELECT * FROM awa.dlq_entries WHERE id = %(id)s FOR UPDATE
+    SELECT e.*,
+           CASE WHEN %(run_at)s::timestamptz > now() THEN 'scheduled'
+                ELSE 'available' END::awa.job_state AS revived_state
+    FROM awa.dlq_entries AS e WHERE e.id = %(id)s FOR UPDATE
+), keyed AS (
+    INSERT INTO awa.unique_keys (unique_key, job_id)
+    SELECT e.unique_key, e.id FROM entry AS e
+    WHERE e.unique_key IS NOT NULL AND awa.unique_key_held(e.unique_states, e.revived_state)
+    ON CONFLICT ON CONSTRAINT jobs_unique_key_idx DO NOTHING
+    RETURNING job_id
 ), revived AS (
     INSERT INTO awa.jobs (
         id, kind, queue, args, state, priority, attempt, max_attempts, run_lease, run_at,
@@ -50,27 +59,22 @@ WITH entry AS (
         errors, metadata, tags, unique_key, unique_states, ordering_key, callback_in_handler,
         concurrency_key, workflow_id, has_dependents
     )
-    SELECT e.id, e.kind, COALESCE(%(queue)s::text, e.queue), e.args,
-           CASE WHEN %(run_at)s::timestamptz > now() THEN 'scheduled'
-                ELSE 'available' END::awa.job_state,
+    SELECT e.id, e.kind, COALESCE(%(queue)s::text, e.queue), e.args, e.revived_state,
            COALESCE(%(priority)s::smallint, e.priority), 0, e.max_attempts, e.run_lease,
            COALESCE(%(run_at)s::timestamptz, now()), e.created_at, e.attempted_at, NULL, NULL,
            NULL, e.deadline_duration, e.errors, e.metadata, e.tags, e.unique_key,
            e.unique_states, e.ordering_key, false, e.concurrency_key, e.workflow_id,
            e.has_dependents
     FROM entry AS e
-    ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL
-        AND awa.unique_key_held(unique_states, state)
-    DO NOTHING
+    WHERE e.unique_key IS NULL OR NOT awa.unique_key_held(e.unique_states, e.revived_state)
+       OR e.id IN (SELECT k.job_id FROM keyed AS k)
     RETURNING *
 ), removed AS (
     DELETE FROM awa.dlq_entries AS d USING revived AS r WHERE d.id = r.id
 )
 SELECT e.id AS entry_id, r.id AS revived_id,
-       (SELECT h.id FROM awa.jobs AS h
-        WHERE r.id IS NULL AND h.unique_key = e.unique_key
-          AND awa.unique_key_held(h.unique_states, h.state)
-        LIMIT 1) AS holder_id,
+       (SELECT h.job_id FROM awa.unique_keys AS h
+        WHERE r.id IS NULL AND h.unique_key = e.unique_key) AS holder_id,
        r.*
 FROM entry AS e LEFT JOIN revived AS r ON r.id = e.id
 
@@ -85,6 +89,13 @@ WITH entries AS (
       AND (%(tag)s::text IS NULL OR tags @> ARRAY[%(tag)s::text])
     ORDER BY id DESC
     FOR UPDATE
+), keyed AS (
+    INSERT INTO awa.unique_keys (unique_key, job_id)
+    SELECT e.unique_key, e.id FROM entries AS e
+    WHERE e.unique_key IS NOT NULL AND awa.unique_key_held(e.unique_states, 'available')
+    ORDER BY e.id DESC
+    ON CONFLICT ON CONSTRAINT jobs_unique_key_idx DO NOTHING
+    RETURNING job_id
 ), revived AS (
     INSERT INTO awa.jobs (
         id, kind, queue, args, state, priority, attempt, max_attempts, run_lease, run_at,
@@ -97,10 +108,9 @@ WITH entries AS (
            e.deadline_duration, e.errors, e.metadata, e.tags, e.unique_key, e.unique_states,
            e.ordering_key, false, e.concurrency_key, e.workflow_id, e.has_dependents
     FROM entries AS e
+    WHERE e.unique_key IS NULL OR NOT awa.unique_key_held(e.unique_states, 'available')
+       OR e.id IN (SELECT k.job_id FROM keyed AS k)
     ORDER BY e.id DESC
-    ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL
-        AND awa.unique_key_held(unique_states, state)
-    DO NOTHING
     RETURNING id
 ), removed AS (
     DELETE FROM awa.dlq_entries AS d USING revived AS r WHERE d.id = r.id RETURNING 1

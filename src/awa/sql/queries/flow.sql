@@ -4,7 +4,7 @@
 -- The claim of a queue with limits; rows with a NULL id only carry retry_after.
 SELECT * FROM awa.claim_limited(
     %(queue)s, %(limit)s, %(deadline)s, %(rate)s, %(burst)s, %(max_running)s,
-    %(key_concurrency)s
+    %(key_concurrency)s, %(after_us)s::bigint[], %(after_id)s::bigint[]
 )
 
 -- name: limits_store
@@ -40,9 +40,10 @@ DELETE FROM awa.queue_limits WHERE queue = %(queue)s
 -- intervals (run_at is kept). The first aging records the original priority. At most
 -- %(limit)s rows per pass, so a huge old backlog costs a bounded amount of work per pass;
 -- a row just aged does not qualify again until another interval passed, so the next pass
--- takes others.
+-- takes others. An aged job sits in a new lane: its queue's claimers are told to look at
+-- their lanes from the start (awa_jobs).
 WITH aged AS (
-    SELECT id FROM awa.jobs
+    SELECT id FROM awa.active_jobs
     WHERE state = 'available' AND priority > 1
       AND run_at <= now() - %(interval)s::interval
       AND run_at <= now() - %(interval)s::interval * (
@@ -50,12 +51,16 @@ WITH aged AS (
       )
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), changed AS (
+    UPDATE awa.active_jobs AS j
+    SET priority = j.priority - 1,
+        metadata = CASE
+            WHEN j.metadata ? '_awa_original_priority' THEN j.metadata
+            ELSE j.metadata || jsonb_build_object('_awa_original_priority', j.priority)
+        END
+    WHERE j.id = ANY(ARRAY(SELECT id FROM aged)) AND j.state = 'available'
+    RETURNING j.queue
 )
-UPDATE awa.jobs AS j
-SET priority = j.priority - 1,
-    metadata = CASE
-        WHEN j.metadata ? '_awa_original_priority' THEN j.metadata
-        ELSE j.metadata || jsonb_build_object('_awa_original_priority', j.priority)
-    END
-FROM aged
-WHERE j.id = aged.id AND j.state = 'available'
+SELECT (SELECT count(*) FROM changed) AS aged,
+       (SELECT count(pg_notify('awa_jobs', q.queue))
+        FROM (SELECT DISTINCT queue FROM changed) AS q) AS queues

@@ -12,42 +12,49 @@ SELECT pg_advisory_unlock(4708303813012965710) AS released
 SELECT 1 AS alive
 
 -- name: promote_due
--- Scheduled and retryable jobs whose run_at has passed become available (run_at is kept, so
--- they keep their place in FIFO order). One notification per queue wakes its workers.
+-- Scheduled and retryable jobs whose run_at has passed become available: they move from
+-- held_jobs to active_jobs, whose insert trigger tells the workers where in their lanes the
+-- promoted jobs sit (run_at is kept, so they keep their place in FIFO order).
 WITH due AS (
-    SELECT id FROM awa.jobs
+    SELECT id FROM awa.held_jobs
     WHERE state IN ('scheduled', 'retryable') AND run_at <= now()
     ORDER BY run_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), moved AS (
+    DELETE FROM awa.held_jobs AS j
+    WHERE j.id = ANY(ARRAY(SELECT id FROM due)) AND j.state IN ('scheduled', 'retryable')
+    RETURNING j.*
 ), promoted AS (
-    UPDATE awa.jobs AS j SET state = 'available'
-    FROM due
-    WHERE j.id = due.id
-    RETURNING j.queue
-), notified AS (
-    SELECT queue, pg_notify('awa_jobs', queue) FROM (SELECT DISTINCT queue FROM promoted) AS q
+    INSERT INTO awa.active_jobs
+    SELECT r.* FROM moved AS m
+    CROSS JOIN LATERAL awa.as_active(to_jsonb(m) || '{"state": "available"}'::jsonb) AS r
+    ORDER BY r.run_at, r.id
+    RETURNING queue
 )
-SELECT (SELECT count(*) FROM promoted) AS promoted, (SELECT count(*) FROM notified) AS queues
+SELECT count(*) AS promoted, count(DISTINCT queue) AS queues FROM promoted
 
 -- name: promote_due_ids
 -- Slow path of promotion after a unique-key collision: the due ids, promoted one by one.
-SELECT id FROM awa.jobs
+SELECT id FROM awa.held_jobs
 WHERE state IN ('scheduled', 'retryable') AND run_at <= now()
 ORDER BY run_at, id
 LIMIT %(limit)s
 
 -- name: promote_one
-WITH promoted AS (
-    UPDATE awa.jobs SET state = 'available'
-    WHERE id = %(id)s AND state IN ('scheduled', 'retryable') AND run_at <= now()
-    RETURNING queue
+WITH moved AS (
+    DELETE FROM awa.held_jobs AS j
+    WHERE j.id = %(id)s AND j.state IN ('scheduled', 'retryable') AND j.run_at <= now()
+    RETURNING j.*
 )
-SELECT p.queue FROM promoted AS p CROSS JOIN LATERAL (SELECT pg_notify('awa_jobs', p.queue)) AS n
+INSERT INTO awa.active_jobs
+SELECT r.* FROM moved AS m
+CROSS JOIN LATERAL awa.as_active(to_jsonb(m) || '{"state": "available"}'::jsonb) AS r
+RETURNING queue
 
 -- name: cancel_colliding_pending
 -- A due job that cannot become available because a newer job holds its unique key.
-UPDATE awa.jobs
+UPDATE awa.held_jobs
 SET state = 'cancelled', finalized_at = now(),
     errors = errors || jsonb_build_array(jsonb_build_object(
         'error', 'cancelled at promotion: another job holds its unique key',
@@ -57,8 +64,9 @@ RETURNING id
 
 -- name: rescue_condition_stale_heartbeat
 -- Running attempts whose process stopped heartbeating: presumed dead. The rescue_condition_*
--- fragments are boolean conditions on awa.jobs AS j, spliced into the rescue statements
--- below as {condition}.
+-- fragments are boolean conditions on the rows of a home AS j (active_jobs for running
+-- attempts, held_jobs for parked ones), spliced into the rescue statements below as
+-- {condition}, with the home as {home}.
 j.state = 'running' AND j.heartbeat_at < now() - make_interval(secs => %(staleness)s)
 
 -- name: rescue_condition_deadline_exceeded
@@ -72,33 +80,37 @@ j.state = 'waiting_external' AND j.callback_timeout_at < now()
 -- on its last one, so a job that always hangs or always kills its worker cannot loop
 -- forever. The condition sits on the locking scan itself, so a row that changed after the
 -- statement's snapshot (a heartbeat that just landed, a completion) is re-checked against
--- the whole condition once locked, not just against its state.
+-- the whole condition once locked, not just against its state. The rescued rows move to
+-- held_jobs.
 -- With %(announce)s each rescued attempt is announced on awa_cancel (with its run_lease),
 -- so that a handler still running it in any process sees job.is_cancelled() (its outcome
 -- is stale by now).
 WITH locked AS (
-    SELECT j.id FROM awa.jobs AS j
+    SELECT j.id FROM awa.{home} AS j
     WHERE ({condition})
     ORDER BY j.id
     LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED
-), rescued AS (
-    UPDATE awa.jobs AS j
-    SET state = (CASE WHEN j.attempt >= j.max_attempts THEN 'failed' ELSE 'retryable' END)
-            ::awa.job_state,
-        run_at = CASE WHEN j.attempt >= j.max_attempts THEN j.run_at
-                      ELSE now() + awa.retry_delay(j.attempt, 2.0, 0.25, 86400.0) END,
-        finalized_at = now(),
-        heartbeat_at = NULL,
-        deadline_at = NULL,
-        callback_id = NULL, callback_timeout_at = NULL, callback_filter = NULL,
-        callback_on_complete = NULL, callback_on_fail = NULL, callback_transform = NULL,
-        callback_in_handler = false,
-        errors = j.errors || jsonb_build_array(jsonb_build_object(
-            'error', %(error)s::text, 'attempt', j.attempt, 'at', now(), 'rescued', %(reason)s::text))
-    FROM locked
-    WHERE j.id = locked.id
+), moved AS (
+    DELETE FROM awa.{home} AS j
+    WHERE j.id = ANY(ARRAY(SELECT id FROM locked))
     RETURNING j.*
+), rescued AS (
+    INSERT INTO awa.held_jobs
+    SELECT r.* FROM moved AS m
+    CROSS JOIN LATERAL awa.as_held(to_jsonb(m) || jsonb_build_object(
+        'state', CASE WHEN m.attempt >= m.max_attempts THEN 'failed' ELSE 'retryable' END,
+        'run_at', CASE WHEN m.attempt >= m.max_attempts THEN m.run_at
+                       ELSE now() + awa.retry_delay(m.attempt, 2.0, 0.25, 86400.0) END,
+        'finalized_at', now(), 'heartbeat_at', NULL, 'deadline_at', NULL,
+        'callback_id', NULL, 'callback_timeout_at', NULL, 'callback_filter', NULL,
+        'callback_on_complete', NULL, 'callback_on_fail', NULL, 'callback_transform', NULL,
+        'callback_in_handler', false,
+        'errors', m.errors || jsonb_build_array(jsonb_build_object(
+            'error', %(error)s::text, 'attempt', m.attempt, 'at', now(),
+            'rescued', %(reason)s::text))
+    )) AS r
+    RETURNING *
 )
 SELECT r.* FROM rescued AS r
 LEFT JOIN LATERAL (
@@ -108,24 +120,30 @@ LEFT JOIN LATERAL (
 
 -- name: rescue_candidate_ids
 -- The slow path after a unique-key collision: candidates one by one.
-SELECT j.id FROM awa.jobs AS j WHERE ({condition}) ORDER BY j.id LIMIT %(limit)s
+SELECT j.id FROM awa.{home} AS j WHERE ({condition}) ORDER BY j.id LIMIT %(limit)s
 
 -- name: cancel_rescued_duplicate
 -- A rescued job whose retry would collide with a newer job holding its unique key: the
 -- newer job wins and this one is cancelled, with the reason recorded (and announced as in
 -- rescue_jobs).
-WITH cancelled AS (
-    UPDATE awa.jobs AS j
-    SET state = 'cancelled', finalized_at = now(), heartbeat_at = NULL, deadline_at = NULL,
-        callback_id = NULL, callback_timeout_at = NULL, callback_filter = NULL,
-        callback_on_complete = NULL, callback_on_fail = NULL, callback_transform = NULL,
-        callback_in_handler = false,
-        errors = j.errors || jsonb_build_array(jsonb_build_object(
-            'error', 'rescued as duplicate: ' || %(error)s::text
-                     || ', and a newer job holds its unique key',
-            'attempt', j.attempt, 'at', now(), 'rescued', %(reason)s::text))
+WITH moved AS (
+    DELETE FROM awa.{home} AS j
     WHERE j.id = %(id)s AND ({condition})
     RETURNING j.*
+), cancelled AS (
+    INSERT INTO awa.held_jobs
+    SELECT r.* FROM moved AS m
+    CROSS JOIN LATERAL awa.as_held(to_jsonb(m) || jsonb_build_object(
+        'state', 'cancelled', 'finalized_at', now(), 'heartbeat_at', NULL, 'deadline_at', NULL,
+        'callback_id', NULL, 'callback_timeout_at', NULL, 'callback_filter', NULL,
+        'callback_on_complete', NULL, 'callback_on_fail', NULL, 'callback_transform', NULL,
+        'callback_in_handler', false,
+        'errors', m.errors || jsonb_build_array(jsonb_build_object(
+            'error', 'rescued as duplicate: ' || %(error)s::text
+                     || ', and a newer job holds its unique key',
+            'attempt', m.attempt, 'at', now(), 'rescued', %(reason)s::text))
+    )) AS r
+    RETURNING *
 )
 SELECT c.* FROM cancelled AS c
 LEFT JOIN LATERAL (
@@ -134,31 +152,37 @@ LEFT JOIN LATERAL (
 ) AS announced ON true
 
 -- name: delete_finished
--- Retention: finished jobs older than their retention, oldest first, in bounded batches.
--- Deleting a row frees its unique key. A queue's own retention (awa.queue_retention)
--- overrides the worker-wide one. The first finalized_at condition (the shortest retention
--- of all) is a range on jobs_finalized_idx, so a batch reads about as many index entries as
--- it deletes; without it the OR of the cutoffs made every batch read and sort every finished
--- row of the table.
-WITH shortest AS (
-    SELECT least(%(completed)s, %(failed)s,
-                 (SELECT min(least(completed_seconds, failed_seconds))
-                  FROM awa.queue_retention)) AS seconds
-), doomed AS (
-    SELECT j.id FROM awa.jobs AS j
+-- Retention by row, in bounded batches, oldest first: failed and cancelled jobs older than
+-- their retention, and the completed jobs of queues whose own retention
+-- (awa.queue_retention) is shorter than the worker-wide one. Every other completed job leaves
+-- with its slot of awa.done_jobs, truncated whole once its retention has passed
+-- (done_ring_* below). Deleting a row frees its unique key.
+WITH failed AS (
+    SELECT j.id FROM awa.held_jobs AS j
     LEFT JOIN awa.queue_retention AS r ON r.queue = j.queue
-    WHERE j.state IN ('completed', 'failed', 'cancelled')
-      AND j.finalized_at < now() - make_interval(secs => (SELECT seconds FROM shortest))
-      AND j.finalized_at < now() - make_interval(secs => CASE WHEN j.state = 'completed'
-                                   THEN coalesce(r.completed_seconds, %(completed)s)
-                                   ELSE coalesce(r.failed_seconds, %(failed)s) END)
+    WHERE j.state IN ('failed', 'cancelled')
+      AND j.finalized_at < now() - make_interval(secs => least(%(failed)s,
+              (SELECT min(failed_seconds) FROM awa.queue_retention)))
+      AND j.finalized_at < now() - make_interval(secs => coalesce(r.failed_seconds, %(failed)s))
     ORDER BY j.finalized_at
     LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED
-), deleted AS (
-    DELETE FROM awa.jobs AS j USING doomed WHERE j.id = doomed.id RETURNING 1
+), gone_failed AS (
+    DELETE FROM awa.held_jobs AS j WHERE j.id = ANY(ARRAY(SELECT id FROM failed)) RETURNING 1
+), completed AS (
+    SELECT j.id FROM awa.done_jobs AS j
+    JOIN awa.queue_retention AS r ON r.queue = j.queue
+    WHERE r.completed_seconds < %(completed)s
+      AND j.finalized_at < now() - make_interval(secs => r.completed_seconds)
+    ORDER BY j.finalized_at
+    LIMIT %(limit)s
+    FOR UPDATE OF j SKIP LOCKED
+), gone_completed AS (
+    DELETE FROM awa.done_jobs AS j
+    WHERE j.id = ANY(ARRAY(SELECT id FROM completed))
+    RETURNING 1
 )
-SELECT count(*) AS deleted FROM deleted
+SELECT (SELECT count(*) FROM gone_failed) + (SELECT count(*) FROM gone_completed) AS deleted
 
 -- name: queue_retention_store
 INSERT INTO awa.queue_retention AS r (queue, completed_seconds, failed_seconds)
@@ -182,26 +206,41 @@ WHERE l.locktype = 'advisory' AND l.granted
   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
 
 -- name: jobs_dead_tuples
-SELECT n_dead_tup AS dead FROM pg_stat_user_tables WHERE relid = 'awa.jobs'::regclass
+-- Dead rows of the job tables that vacuum can reclaim between rotations: the active ring's
+-- slots and held_jobs (done_jobs only grows, and leaves by truncation).
+SELECT relname AS relation, n_dead_tup AS dead FROM pg_stat_user_tables
+WHERE schemaname = 'awa'
+  AND (relname = 'held_jobs' OR relname LIKE 'active\_jobs\_%')
+ORDER BY n_dead_tup DESC
 
 -- name: vacuum_jobs
--- Run by the leader when dead rows pile up faster than autovacuum's naptime clears them
--- (each job leaves about three: claim, completion, retention). Never inside a transaction.
-VACUUM awa.jobs
+-- Run by the leader when dead rows pile up faster than autovacuum's naptime clears them.
+-- Never inside a transaction. {relation} is one of the tables above.
+VACUUM awa.{relation}
+
+-- name: fold_done_counts
+-- The leader folds the count rows of completed jobs (see migration 12).
+SELECT awa.fold_done_counts() AS folded
 
 -- name: queue_samples_store
 -- The leader's sample of every queue with live jobs or jobs finished in the last hour: live
 -- jobs by state (completed and cancelled ones are not counted: their totals are the
 -- completion counters'), and the jobs finished in the last hour by state (the operator UI's
--- throughput). One pass over the table; the rows of queues with neither any more are
+-- throughput). Completed jobs are counted by awa.completed_counts (migration 12), from
+-- the count rows the completions append; the rows of queues with none of these any more are
 -- removed in the same statement.
 WITH counted AS (
     SELECT queue, state,
-           count(*) FILTER (WHERE state NOT IN ('completed', 'cancelled')) AS n,
+           count(*) FILTER (WHERE state <> 'cancelled') AS n,
            count(*) FILTER (WHERE finalized_at > now() - interval '1 hour') AS finished
     FROM awa.jobs
-    WHERE state NOT IN ('completed', 'cancelled') OR finalized_at > now() - interval '1 hour'
+    WHERE state <> 'completed'
+      AND (state <> 'cancelled' OR finalized_at > now() - interval '1 hour')
     GROUP BY queue, state
+    UNION ALL
+    SELECT queue, 'completed', 0, since
+    FROM awa.completed_counts(now() - interval '1 hour')
+    WHERE since > 0
 ), oldest AS (
     SELECT queue, min(run_at) AS oldest_available_at FROM awa.jobs
     WHERE state = 'available'

@@ -1,5 +1,5 @@
--- Dependencies, workflows, batches and waiting for a job (migration 11 holds the triggers
--- that settle dependents when their parents finish).
+-- Dependencies, workflows, batches and waiting for a job (migrations 11 and 12 hold the
+-- triggers that settle dependents when their parents finish).
 
 -- name: dependency_preflight
 -- Before an insert with depends_on (or of a workflow): the parent ids that name no job now,
@@ -26,12 +26,14 @@ SELECT child_id, state
 FROM awa.add_dependencies(%(children)s::bigint[], %(parents)s::bigint[], %(policies)s::text[])
 
 -- name: set_workflow
--- Record the workflow (or batch) of freshly inserted jobs, and count the jobs of the same
--- workflow id that are not these (committed by another transaction since the preflight:
--- a statement later than the preflight's lock sees them).
-WITH marked AS (
-    UPDATE awa.jobs SET workflow_id = %(workflow)s WHERE id = ANY(%(ids)s::bigint[])
-    RETURNING id
+-- Record the workflow (or batch) of freshly inserted jobs (available, scheduled or blocked:
+-- in active_jobs or held_jobs), and count the jobs of the same workflow id that are not
+-- these (committed by another transaction since the preflight: a statement later than the
+-- preflight's lock sees them).
+WITH active AS (
+    UPDATE awa.active_jobs SET workflow_id = %(workflow)s WHERE id = ANY(%(ids)s::bigint[])
+), held AS (
+    UPDATE awa.held_jobs SET workflow_id = %(workflow)s WHERE id = ANY(%(ids)s::bigint[])
 )
 SELECT count(*) AS others
 FROM awa.jobs
@@ -50,19 +52,12 @@ ORDER BY j.id
 -- Cancel every unfinished job of a workflow (blocked ones included). Running and parked
 -- attempts are told through awa_cancel, as cancel_job does. Dependents settle by trigger.
 WITH cancelled AS (
-    UPDATE awa.jobs AS j
-    SET state = 'cancelled', finalized_at = now(), heartbeat_at = NULL, deadline_at = NULL,
-        callback_id = NULL, callback_timeout_at = NULL, callback_filter = NULL,
-        callback_on_complete = NULL, callback_on_fail = NULL, callback_transform = NULL,
-        errors = j.errors || jsonb_build_array(jsonb_build_object(
-            'error', 'cancelled: workflow cancelled', 'attempt', j.attempt, 'at', now()))
-    FROM (SELECT id, state AS prior_state FROM awa.jobs
-          WHERE workflow_id = %(workflow)s
-            AND state NOT IN ('completed', 'failed', 'cancelled')
-          ORDER BY id
-          FOR UPDATE) AS target
-    WHERE j.id = target.id
-    RETURNING j.id, j.run_lease, target.prior_state
+    SELECT (c.job).id, (c.job).run_lease, c.prior_state
+    FROM awa.cancel_jobs(ARRAY(
+        SELECT w.id FROM awa.jobs AS w
+        WHERE w.workflow_id = %(workflow)s
+          AND w.state NOT IN ('completed', 'failed', 'cancelled')
+    ), 'cancelled: workflow cancelled') AS c
 )
 SELECT count(*) AS count,
        count(pg_notify('awa_cancel', json_build_object('job_id', c.id,
@@ -72,17 +67,8 @@ FROM cancelled AS c
 
 -- name: watch_jobs
 -- Mark the unfinished ones of these jobs watched (their final state is then announced on
--- awa_finished) and return every one of them as it is now.
-WITH watched AS (
-    UPDATE awa.jobs SET watched = true
-    WHERE id = ANY(%(ids)s::bigint[]) AND NOT watched
-      AND state NOT IN ('completed', 'failed', 'cancelled')
-    RETURNING *
-)
-SELECT * FROM watched
-UNION ALL
-SELECT * FROM awa.jobs
-WHERE id = ANY(%(ids)s::bigint[]) AND id NOT IN (SELECT id FROM watched)
+-- awa_finished) and return every one of them as it is now (see awa.watch_jobs).
+SELECT * FROM awa.watch_jobs(%(ids)s::bigint[])
 
 -- name: prune_dependency_edges
 -- Edges whose child is gone (retention deleted it), a bounded batch at a time.
