@@ -107,6 +107,39 @@ def test_bench_runs_every_scenario(server_url: str, database_name: str) -> None:
     assert comment_of(server_url, database_name) is None
 
 
+def test_bench_runs_the_scenarios_under_pressure(server_url: str, database_name: str) -> None:
+    """pinned-horizon, drain-pinned and soak, each in a few seconds: the figures their
+    targets are stated in are there."""
+    args = ["--scratch-database", database_name, "--jobs", "200", "--runs", "1", "--json"]
+    args += ["--only", "pinned-horizon", "--only", "drain-pinned", "--only", "soak"]
+    args += ["--offered-rate", "200", "--phase-seconds", "1", "--pin-seconds", "2"]
+    args += ["--window-seconds", "0.5", "--concurrency", "4"]
+    args += ["--soak-seconds", "3", "--soak-rate", "200", "--soak-retention", "1"]
+    result = bench(server_url, *args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert set(report) == {"pinned-horizon", "drain-pinned", "soak"}
+    pinned = report["pinned-horizon"]
+    assert [w["phase"] for w in pinned["windows"]] == ["clean"] * 2 + ["pinned"] * 4 + [
+        "recover"
+    ] * 2
+    assert pinned["pinned_jobs_per_second"] > 0
+    assert pinned["pinned_last_minute_claim_p50_ms"] > 0
+    assert {"active_jobs", "done_jobs", "held_jobs"} <= set(pinned["windows"][-1]["dead_tuples"])
+    assert pinned["clean_wal_bytes_per_job"] > 0
+    drained = report["drain-pinned"]
+    assert drained["jobs"] == 4 * 200
+    assert drained["round_4_jobs_per_second"] > 0
+    assert drained["last_round_ratio_to_unpinned"] > 0
+    soak = report["soak"]
+    assert soak["offered_jobs_per_second"] == 200
+    assert len(soak["windows"]) == 6
+    assert soak["last_third_jobs_per_second"] > 0
+    sizes = soak["last_third_largest_bytes"]
+    assert {"active_jobs", "done_jobs", "held_jobs", "unique_keys"} <= set(sizes)
+    assert all(size > 0 for size in sizes.values())
+
+
 def test_default_run_leaves_no_scratch_database_behind(server_url: str) -> None:
     result = bench(server_url, *TINY)
     assert result.exit_code == 0, result.output
@@ -124,7 +157,7 @@ def test_refuses_a_database_it_did_not_create(
 ) -> None:
     url = create_database(server_url, database_name, comment)
     result = bench(server_url, "--scratch-database", database_name, *TINY)
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # a bad --scratch-database: a usage error
     assert result.stdout == ""
     assert result.stderr == (
         f"error: database {database_name} exists and was not created by awa bench (it lacks "
@@ -260,7 +293,7 @@ def test_rejects_bad_numbers_before_touching_the_server(
 
 def test_rejects_a_name_postgres_would_truncate(server_url: str) -> None:
     result = bench(server_url, "--scratch-database", "b" * 64, *TINY)
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert result.stderr == ("error: --scratch-database must be a database name of 1 to 63 bytes\n")
     assert comment_of(server_url, "b" * 63) is None
 

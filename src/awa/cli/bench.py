@@ -31,10 +31,13 @@ from rich.progress import Progress
 
 import awa
 from awa.cli.bench_drain import DRAIN_VARIANTS, Noop, Result, bench_drain, reset
+from awa.cli.bench_pinned import PinnedHorizonOptions, bench_drain_pinned, bench_pinned_horizon
+from awa.cli.bench_soak import SoakOptions, bench_soak
 from awa.cli.group import database_url_from_context, json_option, main, print_json, print_table
 from awa.db import connection_kwargs, redact, resolve_database_url
 from awa.errors import ValidationError
 from awa.sql import query
+from awa.worker.lanes import LanePositions, claim_statement
 
 SCRATCH_MARK = "awa bench scratch database"
 """The comment awa bench writes on each database it creates; it drops no database without."""
@@ -187,11 +190,11 @@ async def _raw_copy_rate(client: awa.AsyncClient, count: int) -> float:
             cursor = await conn.execute(query("copy_reserve_ids"), {"count": count})
             row = await cursor.fetchone()
             assert row is not None
-            now, ids = row[0].isoformat(), row[1]
+            now, slot, ids = row[0].isoformat(), row[1], row[2]
             formatting = time.perf_counter()
             data = "".join(
                 f'{job_id}\traw\tdefault\t{{"n": {job_id}}}\tavailable\t2\t25\t{now}\t{now}'
-                "\t{}\t{}\t\\N\t\\N\t\\N\n"
+                f"\t{{}}\t{{}}\t\\N\t\\N\t\\N\t{slot}\n"
                 for job_id in ids
             )
             started += time.perf_counter() - formatting  # not counted: done in advance
@@ -277,7 +280,14 @@ async def _latency_floor(url: str, rate: float, seconds: float) -> tuple[list[fl
     sent: dict[int, float] = {}
     committed: dict[int, float] = {}
     claimed: dict[int, float] = {}
-    params = {"queue": "default", "limit": 16, "deadline": dt.timedelta(minutes=5)}
+    lanes = LanePositions()
+    claim = claim_statement(lanes.start_claim(), 16)  # every lane (see worker/lanes.py)
+    params = {
+        "queue": "default",
+        "limit": 16,
+        "deadline": dt.timedelta(minutes=5),
+        **lanes.params(),  # from their heads
+    }
     async with await connect() as producer, await connect() as listener, await connect() as worker:
         await listener.execute(query("listen_channels"))
 
@@ -288,7 +298,7 @@ async def _latency_floor(url: str, rate: float, seconds: float) -> tuple[list[fl
             # flight would make psycopg cancel the query and warn).
             while not stop.is_set():
                 async for _ in listener.notifies(timeout=0.05):
-                    cursor = await worker.execute(query("claim_jobs"), params)
+                    cursor = await worker.execute(claim, params)
                     rows = await cursor.fetchall()
                     now = time.perf_counter()
                     claimed.update((row[0], now) for row in rows)
@@ -332,16 +342,26 @@ async def _own_client(
 
 
 def _median(results: list[Result]) -> Result:
-    """The run with the median rate, its extras replaced by each extra's median."""
+    """The run with the median rate, its numeric extras replaced by each one's median (the
+    others, such as pinned-horizon's windows, are the median run's)."""
     ordered = sorted(results, key=lambda result: result.rate)
     middle = ordered[len(ordered) // 2]
     extras = {
-        key: statistics.median(result.extra[key] for result in results) for key in middle.extra
+        key: (
+            statistics.median(result.extra[key] for result in results)
+            if isinstance(value, int | float)
+            else value
+        )
+        for key, value in middle.extra.items()
     }
     return Result(middle.scenario, middle.jobs, middle.seconds, extras)
 
 
-SCENARIOS = ("enqueue", "copy", *DRAIN_VARIANTS, "latency")
+PINNED = ("pinned-horizon", "drain-pinned")
+SCENARIOS = ("enqueue", "copy", *DRAIN_VARIANTS, "latency", *PINNED, "soak")
+DEFAULT_SCENARIOS = ("enqueue", "copy", *DRAIN_VARIANTS, "latency")
+"""What runs without --only: the pinned scenarios and the soak take minutes each, so they
+run when asked."""
 
 
 async def run_bench(
@@ -354,6 +374,8 @@ async def run_bench(
     seconds: float,
     runs: int,
     console: Console,
+    pinned: PinnedHorizonOptions | None = None,
+    soak: SoakOptions | None = None,
 ) -> dict[str, dict[str, Any]]:
     async with awa.AsyncClient(url, application_name="awa-bench") as client:
         await client.migrate()
@@ -366,6 +388,13 @@ async def run_bench(
             for variant in DRAIN_VARIANTS
         },
         "latency": lambda progress: bench_latency(url, rate, seconds, concurrency, progress),
+        "pinned-horizon": lambda progress: bench_pinned_horizon(
+            url, concurrency, pinned or PinnedHorizonOptions(), progress
+        ),
+        "drain-pinned": lambda progress: bench_drain_pinned(url, jobs, concurrency, progress),
+        "soak": lambda progress: bench_soak(
+            url, jobs, concurrency, soak or SoakOptions(), progress
+        ),
     }
     results: dict[str, list[Result]] = {name: [] for name in scenarios}
     with Progress(console=console, transient=True) as progress:
@@ -382,7 +411,7 @@ async def run_bench(
             "jobs": median.jobs,
             **median.extra,
         }
-        if name.startswith("drain-") and "drain" in results:
+        if name.startswith("drain-") and name not in PINNED and "drain" in results:
             ratios = [
                 variant.rate / plain.rate
                 for variant, plain in zip(results[name], results["drain"], strict=True)
@@ -439,7 +468,55 @@ _POSITIVE_FLOAT = click.FloatRange(min=0, min_open=True)
     "--only",
     type=click.Choice(SCENARIOS),
     multiple=True,
-    help="Run only these scenarios (repeatable). Default: all.",
+    help="Run only these scenarios (repeatable). Default: all but pinned-horizon, "
+    "drain-pinned and soak.",
+)
+@click.option(
+    "--offered-rate",
+    type=_POSITIVE_FLOAT,
+    default=800.0,
+    show_default=True,
+    help="Offered jobs/s (pinned-horizon).",
+)
+@click.option(
+    "--pin-seconds",
+    type=_POSITIVE_FLOAT,
+    default=300.0,
+    show_default=True,
+    help="How long the snapshot stays pinned (pinned-horizon).",
+)
+@click.option(
+    "--phase-seconds",
+    type=_POSITIVE_FLOAT,
+    default=60.0,
+    show_default=True,
+    help="Duration of the clean and the recover phase (pinned-horizon).",
+)
+@click.option(
+    "--window-seconds",
+    type=_POSITIVE_FLOAT,
+    default=10.0,
+    show_default=True,
+    help="Length of each reported window (pinned-horizon, soak).",
+)
+@click.option(
+    "--soak-seconds",
+    type=_POSITIVE_FLOAT,
+    default=1800.0,
+    show_default=True,
+    help="Duration of the soak.",
+)
+@click.option(
+    "--soak-rate",
+    type=_POSITIVE_FLOAT,
+    help="Offered jobs/s of the soak. Default: half of a plain drain measured first.",
+)
+@click.option(
+    "--soak-retention",
+    type=_POSITIVE_FLOAT,
+    default=60.0,
+    show_default=True,
+    help="Seconds the soak's worker keeps completed jobs.",
 )
 @json_option
 @click.pass_context
@@ -452,6 +529,13 @@ def bench(
     seconds: float,
     runs: int,
     only: tuple[str, ...],
+    offered_rate: float,
+    pin_seconds: float,
+    phase_seconds: float,
+    window_seconds: float,
+    soak_seconds: float,
+    soak_rate: float | None,
+    soak_retention: float,
     as_json: bool,
 ) -> None:
     """Benchmark enqueue, bulk COPY, drain throughput and latency.
@@ -459,7 +543,7 @@ def bench(
     Works only in a scratch database it creates on the configured server and drops at the
     end, also on an error or Ctrl-C: your jobs and databases are never touched.
     """
-    scenarios = only or SCENARIOS
+    scenarios = only or DEFAULT_SCENARIOS
     if "latency" in scenarios and rate * seconds < 1:
         raise click.BadParameter(
             f"--rate x --seconds is {rate * seconds:g}: the latency run needs at least 1 job",
@@ -484,6 +568,18 @@ def bench(
                 seconds=seconds,
                 runs=runs,
                 console=console,
+                pinned=PinnedHorizonOptions(
+                    offered_rate=offered_rate,
+                    pin_seconds=pin_seconds,
+                    phase_seconds=phase_seconds,
+                    window_seconds=window_seconds,
+                ),
+                soak=SoakOptions(
+                    seconds=soak_seconds,
+                    rate=soak_rate,
+                    retention=soak_retention,
+                    window_seconds=window_seconds,
+                ),
             )
         )
     if as_json:
@@ -494,7 +590,7 @@ def bench(
         details = ", ".join(
             f"{key}={value:.3g}" if isinstance(value, float) else f"{key}={value}"
             for key, value in figures.items()
-            if key not in ("jobs_per_second", "runs", "jobs")
+            if key not in ("jobs_per_second", "runs", "jobs") and not isinstance(value, list | dict)
         )
         rows.append([name, f"{figures['jobs_per_second']:,.0f}", figures["jobs"], details])
     print_table(["SCENARIO", "JOBS/S (MEDIAN)", "JOBS", "DETAILS"], rows)

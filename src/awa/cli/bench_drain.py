@@ -83,7 +83,8 @@ class Result:
     scenario: str
     jobs: int
     seconds: float
-    extra: dict[str, float] = dataclasses.field(default_factory=dict)
+    # Figures beside the rate (numbers, except pinned-horizon's windows and dead tuples).
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def rate(self) -> float:
