@@ -1,5 +1,5 @@
 """The dead-letter queue: failed jobs of DLQ-enabled queues move to awa.dlq_entries in the
-failure's transaction (every failing path: last attempt, TerminalError, unknown kind, rescue,
+failure's transaction (every failing path: last attempt, TerminalError, rescue,
 a callback failed), hooks and follow-ups still fire; the operations (list, get, depth,
 retry, move, purge), retention, the settings and the CLI.
 
@@ -144,22 +144,16 @@ async def test_an_exhausted_job_moves_with_its_hook_and_follow_up(
     await client.shutdown()
 
 
-async def test_a_terminal_error_and_an_unknown_kind_move_as_terminal(
-    client: awa.AsyncClient, conn: Conn
-) -> None:
+async def test_a_terminal_error_moves_as_terminal(client: awa.AsyncClient, conn: Conn) -> None:
     register_failing(client)
     await start(client, dlq_queue())
     doomed = await client.insert(Doomed())
-    stray = await client.insert({"x": 1}, kind="nobody_handles_this", queue=DLQ)
 
     entry = await wait_in_dlq(client, doomed.id)
     assert entry.reason == "terminal_error"
     assert entry.job.attempt == 1
     assert entry.job.max_attempts == 25
     assert entry.job.errors[-1]["terminal"] is True
-    unknown = await wait_in_dlq(client, stray.id)
-    assert unknown.reason == "terminal_error"
-    assert "nobody_handles_this" in unknown.job.errors[-1]["error"]
     await client.shutdown()
 
 

@@ -326,7 +326,7 @@ def test_one_claim_sees_past_a_keys_backlog(conn: Conn) -> None:
     )
     rows = conn.execute(
         "SELECT id, concurrency_key, retry_after FROM awa.claim_limited("
-        "'api', 8, interval '5 min', NULL, NULL, NULL, 2, NULL, NULL)"
+        "'api', 8, interval '5 min', NULL, NULL, NULL, 2, NULL, NULL, '{call}')"
     ).fetchall()
     keys = sorted((key or "-") for job_id, key, _ in rows if job_id is not None)
     assert keys == ["-", "big", "big", "small"]
@@ -335,7 +335,7 @@ def test_one_claim_sees_past_a_keys_backlog(conn: Conn) -> None:
     # The next claim skips the full key at once.
     again = conn.execute(
         "SELECT id FROM awa.claim_limited('api', 8, interval '5 min', NULL, NULL, NULL, 2,"
-        " NULL, NULL) WHERE id IS NOT NULL"
+        " NULL, NULL, '{call}') WHERE id IS NOT NULL"
     ).fetchall()
     assert again == []
 
@@ -355,12 +355,13 @@ def test_the_limited_claim_returns_the_columns_of_the_plain_claim(conn: Conn) ->
             "queue": "api",
             "limit": 1,
             "deadline": dt.timedelta(seconds=60),
+            "kinds": ["call"],
             **LanePositions().params(),
         },
     ).fetchone()
     limited = conn.execute(
         "SELECT * FROM awa.claim_limited('api', 1, interval '60 s', NULL, NULL, 5, NULL,"
-        " NULL, NULL)"
+        " NULL, NULL, '{call}')"
     ).fetchone()
     assert plain is not None
     assert limited is not None

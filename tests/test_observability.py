@@ -146,6 +146,11 @@ async def test_scrape_after_a_drain_agrees_with_the_database(
         " heartbeat_at) VALUES ('welcome', 'obs', '{\"user\": \"lost\"}', 'running', 1, 1,"
         " now() - interval '1 hour', now() - interval '1 hour')"
     )
+    # A kind the worker has no handler for (a newer release's): it waits, and is reported.
+    conn.execute(
+        "INSERT INTO awa.jobs (kind, queue, run_at)"
+        " VALUES ('newer_kind', 'obs', now() - interval '90 seconds')"
+    )
     worker = ObservedWorker(database_url, tmp_path / "worker.log", "--queue", "obs=8")
     try:
         # An operator cancels a running job; its handler finishes anyway (a stale outcome).
@@ -195,12 +200,15 @@ async def test_scrape_after_a_drain_agrees_with_the_database(
     staged = "awa_job_staged_follow_ups_committed_total"
     assert total(found, staged, awa_follow_up_result="inserted") == 3
     assert total(found, "awa_job_staged_follow_ups_discarded_total") == 1
-    assert total(found, "awa_job_claimed_total") == count(conn, "true") + 3  # 3 ran twice
+    claimable = "kind <> 'newer_kind'"
+    assert total(found, "awa_job_claimed_total") == count(conn, claimable) + 3  # 3 ran twice
     assert 1 <= total(found, "awa_dispatch_head_wait_seconds_count") <= 19  # one per claim
     depth = "awa_queue_depth"
     assert total(found, depth, awa_job_queue="obs", awa_job_state="waiting_external") == 1
     assert total(found, depth, awa_job_queue="obs", awa_job_state="failed") == 2
-    assert total(found, "awa_queue_lag_seconds", awa_job_queue="obs") == 0
+    assert total(found, depth, awa_job_queue="obs", awa_job_state="available") == 1
+    assert total(found, "awa_queue_unserved_kind", awa_job_kind="newer_kind") == 1
+    assert 90 <= total(found, "awa_queue_lag_seconds", awa_job_queue="obs") < 300  # newer_kind
     assert total(found, "awa_worker_leader") == 1
     assert total(found, "awa_worker_slots", awa_job_queue="obs") == 8
     assert total(found, "awa_queue_sample_age_seconds") < 5

@@ -31,12 +31,13 @@ from helpers_lifecycle import Counters, Recorder, hooks_idle, jobs_of_kind, metr
 from helpers_worker import (
     no_longer_in_flight,
     queue,
+    second_client,
     start,
     wait_for,
     wait_for_all,
     wait_for_state,
 )
-from jobs_helpers import Conn, writer_xid
+from jobs_helpers import Conn, must_job_row, writer_xid
 
 QUEUE = "stage_a"
 COMMITTED = "awa.job.staged_follow_ups_committed"
@@ -626,11 +627,11 @@ async def test_a_duplicate_staged_follow_up_is_skipped_and_counted(
     assert inserted.delta() == 1
 
 
-# Deploy order: a follow-up of a kind no worker knows fails terminally -----------------------
+# Deploy order: a follow-up of a kind this worker cannot run waits for one that can -----------
 
 
-async def test_a_staged_follow_up_of_an_unknown_kind_fails_when_claimed(
-    client: awa.AsyncClient, conn: Conn
+async def test_a_staged_follow_up_of_a_kind_this_worker_cannot_run_waits_for_one_that_can(
+    client: awa.AsyncClient, conn: Conn, database_url: str
 ) -> None:
     @client.task(StageA, queue=QUEUE)
     async def handle(job: awa.Job[StageA]) -> None:
@@ -640,12 +641,20 @@ async def test_a_staged_follow_up_of_an_unknown_kind_fails_when_claimed(
     trigger = await client.insert(StageA(1), queue=QUEUE)
     await wait_for_state(conn, trigger.id, "completed")
     [follow_up] = jobs_of_kind(conn, "unhandled")
-    final = await wait_for_state(conn, follow_up["id"], "failed")
+    later = await client.insert(StageA(2), queue=QUEUE)  # behind the follow-up in the lane
+    await wait_for_state(conn, later.id, "completed")
+    row = must_job_row(conn, follow_up["id"])
+    assert (row["state"], row["attempt"], row["errors"]) == ("available", 0, [])
+    async with second_client(database_url) as newer:  # a later release's worker
+
+        @newer.task(Unhandled, queue=QUEUE)
+        async def run(job: awa.Job[Unhandled]) -> None:
+            pass
+
+        await start(newer, stage_queue())
+        final = await wait_for_state(conn, follow_up["id"], "completed")
     await client.shutdown()
     assert final["attempt"] == 1
-    [entry] = final["errors"]
-    assert entry["terminal"] is True
-    assert "unknown job kind: unhandled" in entry["error"]
 
 
 # Batched path vs per-job transaction ---------------------------------------------------------

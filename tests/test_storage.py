@@ -67,7 +67,7 @@ def claim(conn: Conn, lanes: LanePositions, limit: int) -> tuple[list[Any], int]
         return [], 0
     with conn.transaction():
         before = available_entries_read(conn)
-        params = {"queue": "default", "limit": limit, "deadline": DEADLINE}
+        params = {"queue": "default", "limit": limit, "deadline": DEADLINE, "kinds": ["tick"]}
         rows = conn.execute(
             claim_statement(priorities, limit), {**params, **lanes.params(priorities)}
         ).fetchall()

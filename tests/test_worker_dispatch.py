@@ -248,6 +248,8 @@ CLAIM = claim_statement((1, 2, 3, 4), 256)
 """The claim of every lane of a queue."""
 HEADS = LanePositions().params()
 """CLAIM's parameters that read every lane from its head."""
+KINDS = {"kinds": ["ping"]}
+"""CLAIM's parameter naming the kinds the claimer runs: this module's jobs."""
 
 
 async def test_concurrent_raw_claims_never_return_the_same_job(
@@ -256,7 +258,7 @@ async def test_concurrent_raw_claims_never_return_the_same_job(
     """Witness for the double claim (reliability G2/E2): ten claims of 20 racing over 100
     jobs return 100 distinct jobs."""
     await client.insert_many([Ping(n) for n in range(100)])
-    params = {"queue": "default", "limit": 20, "deadline": "300 seconds", **HEADS}
+    params = {"queue": "default", "limit": 20, "deadline": "300 seconds", **KINDS, **HEADS}
     conns = [
         await psycopg.AsyncConnection.connect(database_url, autocommit=True) for _ in range(10)
     ]
@@ -288,7 +290,7 @@ async def test_a_claim_from_a_lane_position_skips_what_lies_before_it(
     (the dispatcher rewinds its lanes when such a job is announced)."""
     jobs = await client.insert_many([Ping(n) for n in range(4)])
     lanes = LanePositions()
-    params = {"queue": "default", "limit": 2, "deadline": "300 seconds"}
+    params = {"queue": "default", "limit": 2, "deadline": "300 seconds", **KINDS}
     first = conn.execute(CLAIM, {**params, **lanes.params()}).fetchall()
     assert [row[0] for row in first] == [jobs[0].id, jobs[1].id]
     lanes.claimed(first, emptied=False)
@@ -303,7 +305,7 @@ async def test_a_claim_from_a_lane_position_skips_what_lies_before_it(
 
 async def test_claim_honours_its_limit(client: awa.AsyncClient, conn: Conn) -> None:
     await client.insert_many([Ping(n) for n in range(10)])
-    params = {"queue": "default", "limit": 4, "deadline": "300 seconds", **HEADS}
+    params = {"queue": "default", "limit": 4, "deadline": "300 seconds", **KINDS, **HEADS}
     assert len(conn.execute(CLAIM, params).fetchall()) == 4
     row = conn.execute("SELECT count(*) FROM awa.jobs WHERE state = 'running'").fetchone()
     assert row == (4,)

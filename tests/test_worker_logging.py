@@ -72,7 +72,7 @@ async def test_a_retry_is_a_warning_and_exhaustion_an_error_with_the_traceback(
     assert "in flaky" in text  # the handler's own frame
 
 
-async def test_terminal_error_unknown_kind_and_bad_args_are_errors(
+async def test_terminal_error_and_bad_args_are_errors(
     client: awa.AsyncClient, conn: Conn, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="awa.worker")
@@ -82,14 +82,12 @@ async def test_terminal_error_unknown_kind_and_bad_args_are_errors(
         raise awa.TerminalError("give up now")
 
     terminal = await client.insert(Typed(1))
-    unknown = await client.insert({"x": 1}, kind="nobody_handles_this")
     bad_args = await client.insert({"count": "not a number"}, kind="typed")
     await start(client, queue())
     try:
-        for job in (terminal, unknown, bad_args):
+        for job in (terminal, bad_args):
             await wait_for_state(conn, job.id, "failed")
         await wait_for(lambda: all(records_about(caplog, j.id) for j in (terminal, bad_args)))
-        await wait_for(lambda: records_about(caplog, unknown.id))
     finally:
         await client.shutdown()
 
@@ -98,9 +96,6 @@ async def test_terminal_error_unknown_kind_and_bad_args_are_errors(
     assert "failed for good" in record.getMessage()
     assert "give up now" in record.getMessage()
     assert record.exc_info is not None
-    [record] = records_about(caplog, unknown.id)
-    assert record.levelno == logging.ERROR
-    assert "unknown job kind: nobody_handles_this" in record.getMessage()
     [record] = records_about(caplog, bad_args.id)
     assert record.levelno == logging.ERROR
     assert "failed to decode args of kind 'typed'" in record.getMessage()

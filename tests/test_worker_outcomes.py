@@ -2,8 +2,9 @@
 
 Semantics (DESIGN §2, semantics.md §4): return -> completed; raise -> retryable with backoff
 (failed once attempts run out); TerminalError -> failed at once; RetryAfter consumes the
-attempt; Snooze does not; Cancel -> cancelled; unknown kind, undecodable args and invalid
-return values fail terminally; crashes of any BaseException kind are retryable.
+attempt; Snooze does not; Cancel -> cancelled; undecodable args and invalid return values
+fail terminally; crashes of any BaseException kind are retryable. A kind the worker has no
+handler for is never claimed: it waits for a worker that runs it.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from helpers_worker import (
     wait_for,
     wait_for_state,
 )
-from jobs_helpers import Conn
+from jobs_helpers import Conn, must_job_row
 
 
 @dataclasses.dataclass
@@ -246,19 +247,20 @@ async def test_cancel_with_the_default_reason(client: awa.AsyncClient, conn: Con
     assert only_error(final)["error"] == "cancelled: cancelled by handler"
 
 
-async def test_unknown_kind_fails_terminally(client: awa.AsyncClient, conn: Conn) -> None:
+async def test_an_unknown_kind_waits_for_a_worker_that_runs_it(
+    client: awa.AsyncClient, conn: Conn
+) -> None:
     @client.task(Work)
     async def handle(job: awa.Job[Work]) -> None:
         pass
 
     job = await client.insert({"x": 1}, kind="nobody_handles_this")
+    after = await client.insert(Work(1))  # behind it in the lane
     await start(client)
-    final = await wait_for_state(conn, job.id, "failed")
+    await wait_for_state(conn, after.id, "completed")
     await client.shutdown()
-    error = only_error(final)
-    assert error["error"].startswith("unknown job kind: nobody_handles_this")
-    assert error["terminal"] is True
-    assert final["attempt"] == 1
+    row = must_job_row(conn, job.id)
+    assert (row["state"], row["attempt"], row["errors"]) == ("available", 0, [])
 
 
 async def test_undecodable_args_fail_terminally(client: awa.AsyncClient, conn: Conn) -> None:

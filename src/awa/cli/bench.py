@@ -286,6 +286,7 @@ async def _latency_floor(url: str, rate: float, seconds: float) -> tuple[list[fl
         "queue": "default",
         "limit": 16,
         "deadline": dt.timedelta(minutes=5),
+        "kinds": ["raw"],  # bench_raw_insert_returning's
         **lanes.params(),  # from their heads
     }
     async with await connect() as producer, await connect() as listener, await connect() as worker:

@@ -1,6 +1,7 @@
 """``awa health``: is the queue healthy, who leads maintenance, which workers run which
 queues, and how far behind each queue is. The exit code says the status (scripts and probes
-can rely on it): 0 healthy, 1 unhealthy, 2 degraded (a queue is unserved), 3 unreachable."""
+can rely on it): 0 healthy, 1 unhealthy, 2 degraded (a queue or a kind is unserved),
+3 unreachable."""
 
 from __future__ import annotations
 
@@ -76,6 +77,7 @@ def _print_text(check: HealthCheck) -> None:
     headers += ["LAG", "OLDEST AVAILABLE", "PAUSED", "SERVED"]
     served = {name for worker in check.workers for name in worker.queues}
     unserved = {item.queue for item in check.unserved}
+    kinds_unserved = {item.queue for item in check.unserved_kinds}
     rows = [
         [
             stats.queue,
@@ -83,11 +85,19 @@ def _print_text(check: HealthCheck) -> None:
             format_age(lag_seconds(stats)),
             format_time(stats.oldest_available_at),
             "yes" if stats.paused else "no",
-            "UNSERVED" if stats.queue in unserved else "yes" if stats.queue in served else "no",
+            _served(stats.queue, served, unserved, kinds_unserved),
         ]
         for stats in check.queues
     ]
     print_table(headers, rows)
+
+
+def _served(queue: str, served: set[str], unserved: set[str], kinds_unserved: set[str]) -> str:
+    if queue in unserved:
+        return "UNSERVED"
+    if queue in kinds_unserved:
+        return "NOT EVERY KIND"  # the problems above name the kinds
+    return "yes" if queue in served else "no"
 
 
 @main.command()
@@ -98,18 +108,20 @@ def _print_text(check: HealthCheck) -> None:
     show_default=True,
     metavar="SECONDS",
     help="Report a queue unserved when its oldest available job has waited this long and "
-    "no live worker runs it.",
+    "no live worker runs it; a kind, when its oldest job on a queue has waited this long and "
+    "no live worker of the queue has a handler for it.",
 )
 @json_option
 @click.pass_context
 def health(ctx: click.Context, unserved_after: float, as_json: bool) -> None:
     """Say whether awa is healthy: the database answers with the current schema, a worker
-    holds the maintenance lock, and every queue with waiting jobs is run by a live worker.
+    holds the maintenance lock, and every queue with waiting jobs is run by a live worker
+    that has a handler for their kinds.
     Shows the leader, the live workers and their queues and, per queue, the jobs waiting,
     the lag (how long the oldest available job has waited) and whether a worker serves it.
 
     Exit code: 0 healthy, 1 unhealthy (schema missing, no maintenance leader), 2 degraded
-    (a queue is unserved), 3 the database is unreachable.
+    (a queue or a kind is unserved), 3 the database is unreachable.
     """
     with awa.Client(
         database_url_from_context(ctx), max_connections=1, application_name="awa-cli"

@@ -3,7 +3,9 @@ run which queues, and how far behind each queue is.
 
 The overall ``status``: ``healthy``; ``degraded`` when everything works but a queue is
 unserved (it holds available jobs older than ``unserved_after`` seconds, is not paused, and
-no live worker runs it); ``unhealthy`` when the schema is missing or out of date, no worker
+no live worker runs it) or a kind is (its jobs on a queue that live workers run have waited
+that long, and none of those workers has a handler for it: workers claim only the kinds
+they run); ``unhealthy`` when the schema is missing or out of date, no worker
 leads maintenance, or this process's worker lost its listener or heartbeat; ``unreachable``
 when the database does not answer.
 """
@@ -42,6 +44,9 @@ class WorkerInfo:
     application_name: str
     version: str
     queues: list[str]
+    kinds: list[str] | None
+    """The job kinds it has handlers for, the only ones it claims (None: a worker of an
+    earlier release, which claims every kind)."""
     concurrency: dict[str, int]
     is_leader: bool
     started_at: dt.datetime
@@ -53,6 +58,17 @@ class UnservedQueue:
     """A queue whose jobs wait while no live worker runs it."""
 
     queue: str
+    available: int
+    oldest_available_age: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class UnservedKind:
+    """A kind whose jobs wait on a queue that live workers run while none of them has a
+    handler for it (a rolling deploy half done, a task missing from a worker)."""
+
+    queue: str
+    kind: str
     available: int
     oldest_available_age: float
 
@@ -96,6 +112,7 @@ class HealthCheck(MappingAccess):
     status: Status = "healthy"
     workers: list[WorkerInfo] = dataclasses.field(default_factory=list)
     unserved: list[UnservedQueue] = dataclasses.field(default_factory=list)
+    unserved_kinds: list[UnservedKind] = dataclasses.field(default_factory=list)
 
     # The reference package's fields, beside ours (its ``leader`` and ``queues`` differ in
     # shape: ours are the leader's identity and per-queue statistics; see is_leader).
@@ -165,8 +182,10 @@ def health_flow(
         return _unhealthy(True, version, runtime, problems)
     leader = yield Statement(query("leader_holder"), None, _leader)
     stats: list[QueueStats] = []
+    kinds: list[UnservedKind] = []
     if queues:
         stats = yield Statement(query("queue_stats"), None, decode_queue_stats)
+        kinds = yield Statement(query("unserved_kinds"), {"after": unserved_after}, _kinds)
     workers: list[WorkerInfo] = yield Statement(query("runtimes_live"), None, _workers)
     if leader is None:
         problems.append("no runtime holds the maintenance lock (no worker running?)")
@@ -176,11 +195,18 @@ def health_flow(
         if not runtime.heartbeat_alive:
             problems.append("this worker's heartbeat thread is not running")
     unserved = unserved_queues(stats, workers, unserved_after)
-    status: Status = "unhealthy" if problems else "degraded" if unserved else "healthy"
+    degraded = bool(unserved or kinds)
+    status: Status = "unhealthy" if problems else "degraded" if degraded else "healthy"
     problems.extend(
         f"queue {item.queue!r} is unserved: {item.available} available job(s), the oldest "
         f"waiting {item.oldest_available_age:.0f}s, and no live worker runs it"
         for item in unserved
+    )
+    problems.extend(
+        f"kind {item.kind!r} is unserved on queue {item.queue!r}: {item.available} available "
+        f"job(s), the oldest waiting {item.oldest_available_age:.0f}s, and no live worker of "
+        "the queue has a handler for it"
+        for item in kinds
     )
     return HealthCheck(
         status == "healthy",
@@ -194,7 +220,12 @@ def health_flow(
         status,
         workers,
         unserved,
+        kinds,
     )
+
+
+def _kinds(rows: list[dict[str, Any]]) -> list[UnservedKind]:
+    return [UnservedKind(**row) for row in rows]
 
 
 def _unhealthy(

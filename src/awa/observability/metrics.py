@@ -120,6 +120,9 @@ class QueueSample:
     counts: dict[str, int]
     lag: float
     sample_age: float
+    unserved_kinds: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Available jobs, by kind, due for over a minute while no live worker of the queue has
+    a handler for their kind."""
 
 
 class _Sources:
@@ -190,6 +193,14 @@ def _lag(options: CallbackOptions) -> Iterable[Observation]:
     return [Observation(sample.lag, {QUEUE: sample.queue}) for sample in sources.samples]
 
 
+def _unserved_kinds(options: CallbackOptions) -> Iterable[Observation]:
+    return [
+        Observation(n, {QUEUE: sample.queue, KIND: kind})
+        for sample in sources.samples
+        for kind, n in sample.unserved_kinds.items()
+    ]
+
+
 def _sample_age(options: CallbackOptions) -> Iterable[Observation]:
     if not sources.samples:
         return []
@@ -224,6 +235,13 @@ _meter.create_observable_gauge(
     [_lag],
     unit="s",
     description="Age of the queue's oldest available job (0: none waits)",
+)
+_meter.create_observable_gauge(
+    "awa.queue.unserved_kind",
+    [_unserved_kinds],
+    unit="{job}",
+    description="Available jobs of a kind that no live worker of the queue has a handler for "
+    "(due for over a minute), as the leader last counted them",
 )
 _meter.create_observable_gauge(
     "awa.queue.sample_age",

@@ -34,6 +34,7 @@ async def refresh_queue_samples(conn: psycopg.AsyncConnection[Any]) -> list[Queu
             {state: int(n) for state, n in row["counts"].items()},
             max(row["lag"] or 0.0, 0.0),
             max(row["sample_age"], 0.0),
+            {kind: int(n) for kind, n in row["unserved_kinds"].items()},
         )
         for row in rows
     ]

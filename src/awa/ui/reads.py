@@ -66,6 +66,9 @@ class QueueRow:
     owner: str | None = None
     docs_url: str | None = None
     """The queue's descriptor (``client.queue_descriptor``), where one was declared."""
+    unserved_kinds: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Kinds whose jobs wait here while no live worker of the queue has a handler for them
+    (jobs due for over a minute, as the leader last counted them)."""
 
     @property
     def docs_link(self) -> str | None:
@@ -127,6 +130,7 @@ async def overview(conn: psycopg.AsyncConnection[Any]) -> Overview:
             description=row["description"],
             owner=row["owner"],
             docs_url=row["docs_url"],
+            unserved_kinds=_counts(row["unserved_kinds"]),
         )
         for row in rows
     ]

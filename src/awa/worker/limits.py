@@ -62,10 +62,15 @@ def limit_params(queue: QueueConfig) -> dict[str, Any]:
 
 
 async def claim(
-    conn: psycopg.AsyncConnection[Any], queue: QueueConfig, limit: int, lanes: LanePositions
+    conn: psycopg.AsyncConnection[Any],
+    queue: QueueConfig,
+    limit: int,
+    lanes: LanePositions,
+    kinds: list[str],
 ) -> Claimed:
-    """Claim up to ``limit`` jobs of ``queue``, within its limits, reading its lanes from
-    where ``lanes`` says (and moving them past what was claimed)."""
+    """Claim up to ``limit`` jobs of ``queue`` and of ``kinds`` (those this worker has
+    handlers for), within its limits, reading its lanes from where ``lanes`` says (and moving
+    them past what was claimed)."""
     deadline = dt.timedelta(seconds=queue.deadline_duration)
     # A claim under a per-key limit skips the jobs whose key is full: no position past
     # them is safe, so such a queue reads its lanes from their heads.
@@ -81,6 +86,7 @@ async def claim(
                     "queue": queue.name,
                     "limit": limit,
                     "deadline": deadline,
+                    "kinds": kinds,
                     **lanes.params(priorities),
                 }
                 statement = claim_statement(priorities, max(queue.claim_batch_size, limit))
@@ -89,7 +95,13 @@ async def claim(
                 lanes.claimed(claimed.rows, emptied=len(claimed.rows) < limit)
                 return claimed
             positions = HEADS if keyed else lanes.arrays()
-            params = {**limit_params(queue), "limit": limit, "deadline": deadline, **positions}
+            params = {
+                **limit_params(queue),
+                "limit": limit,
+                "deadline": deadline,
+                "kinds": kinds,
+                **positions,
+            }
             await cursor.execute(query("claim_limited"), params)
             rows = await cursor.fetchall()
     except BaseException:

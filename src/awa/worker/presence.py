@@ -1,6 +1,8 @@
-"""This runtime's row in ``awa.runtimes``: which queues it runs, kept fresh by its heartbeat.
+"""This runtime's row in ``awa.runtimes``: which queues and kinds it runs, kept fresh by its
+heartbeat.
 
-Health uses the live rows to find queues nobody runs; the operator UI lists them as workers.
+Health uses the live rows to find queues nobody runs and kinds that no worker of their queue
+has a handler for; the operator UI lists them as workers.
 The row is written at start, refreshed by every heartbeat (from the heartbeat thread, so a
 busy event loop does not make the process look dead), deleted on a clean shutdown, and
 expired by the maintenance leader when the process stops heartbeating.
@@ -29,6 +31,7 @@ class Presence:
     def __init__(
         self,
         queues: list[QueueConfig],
+        kinds: list[str],
         *,
         application_name: str,
         stale_after: float,
@@ -43,6 +46,7 @@ class Presence:
             "application_name": application_name,
             "version": __version__,
             "queues": [queue.name for queue in queues],
+            "kinds": kinds,
             "concurrency": orjson.dumps({q.name: q.max_workers for q in queues}).decode(),
             "stale_after": stale_after,
         }

@@ -99,6 +99,10 @@ class Runtime:
         self._finalizer = Finalizer(follow_ups)
         self._follow_ups = follow_ups
         self.registry = registry
+        # The kinds this worker claims: those it has handlers for when it starts. A job of
+        # another kind waits on its queue for a worker that runs it (a rolling deploy that
+        # adds a kind never fails the new kind's jobs on the old workers).
+        self._kinds = sorted(task.kind for task in registry)
         self.config = config
         self.pool: WeightedPool | None = None
         if config.global_max_workers is not None:
@@ -233,6 +237,7 @@ class Runtime:
         # from the first job on; the heartbeat thread keeps the row fresh.
         self._presence = Presence(
             self.queues,
+            self._kinds,
             application_name=self._application_name,
             stale_after=self.config.heartbeat_staleness,
             is_leader=lambda: self.is_leader,
@@ -427,7 +432,7 @@ class Runtime:
     ) -> tuple[list[Job[Any]], float | None]:
         with translate_errors():
             async with self._host.connection() as conn:
-                claimed = await limits.claim(conn, queue, limit, lanes)
+                claimed = await limits.claim(conn, queue, limit, lanes, self._kinds)
         jobs = [Job.from_claim(row, self) for row in claimed.rows]
         for job in jobs:
             self.inflight.add(job)

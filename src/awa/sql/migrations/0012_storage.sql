@@ -922,7 +922,7 @@ $$;
 -- no more per key than the key has room for, scanning a window a few times the room.
 CREATE OR REPLACE FUNCTION awa.pick_keyed(
     p_queue text, p_room integer, p_key_concurrency integer, p_after_us bigint[],
-    p_after_id bigint[]
+    p_after_id bigint[], p_kinds text[]
 )
 RETURNS TABLE (id bigint, slot smallint)
 LANGUAGE plpgsql
@@ -958,7 +958,7 @@ BEGIN
                       AND a.run_at <= now()
                       AND (a.run_at, a.id)
                           >= (awa.position_at(p_after_us[1]), coalesce(p_after_id[1], 0))
-                      AND NOT (a.id = ANY(v_picked))
+                      AND a.kind = ANY(p_kinds) AND NOT (a.id = ANY(v_picked))
                       AND (a.concurrency_key IS NULL OR NOT (a.concurrency_key = ANY(v_full)))
                     ORDER BY a.run_at, a.id
                     FOR UPDATE SKIP LOCKED) AS l
@@ -970,7 +970,7 @@ BEGIN
                       AND a.run_at <= now()
                       AND (a.run_at, a.id)
                           >= (awa.position_at(p_after_us[2]), coalesce(p_after_id[2], 0))
-                      AND NOT (a.id = ANY(v_picked))
+                      AND a.kind = ANY(p_kinds) AND NOT (a.id = ANY(v_picked))
                       AND (a.concurrency_key IS NULL OR NOT (a.concurrency_key = ANY(v_full)))
                     ORDER BY a.run_at, a.id
                     FOR UPDATE SKIP LOCKED) AS l
@@ -982,7 +982,7 @@ BEGIN
                       AND a.run_at <= now()
                       AND (a.run_at, a.id)
                           >= (awa.position_at(p_after_us[3]), coalesce(p_after_id[3], 0))
-                      AND NOT (a.id = ANY(v_picked))
+                      AND a.kind = ANY(p_kinds) AND NOT (a.id = ANY(v_picked))
                       AND (a.concurrency_key IS NULL OR NOT (a.concurrency_key = ANY(v_full)))
                     ORDER BY a.run_at, a.id
                     FOR UPDATE SKIP LOCKED) AS l
@@ -994,7 +994,7 @@ BEGIN
                       AND a.run_at <= now()
                       AND (a.run_at, a.id)
                           >= (awa.position_at(p_after_us[4]), coalesce(p_after_id[4], 0))
-                      AND NOT (a.id = ANY(v_picked))
+                      AND a.kind = ANY(p_kinds) AND NOT (a.id = ANY(v_picked))
                       AND (a.concurrency_key IS NULL OR NOT (a.concurrency_key = ANY(v_full)))
                     ORDER BY a.run_at, a.id
                     FOR UPDATE SKIP LOCKED) AS l
@@ -1038,14 +1038,15 @@ $$;
 -- claim_jobs) and, in retry_after, how long to wait before asking again when a limit held
 -- jobs back; a row of NULLs carries it when nothing was claimed. It reads every lane from
 -- the position the claimer gives (p_after_us, p_after_id: one element per priority, NULL
--- for the head of the lane).
+-- for the head of the lane), and takes only the kinds the claimer has handlers for (p_kinds):
+-- a job of another kind waits for a worker that runs it.
 DROP FUNCTION awa.claim_limited(text, integer, interval, double precision, integer, integer,
                                 integer);
 DROP FUNCTION awa.pick_keyed(text, integer, integer);
 CREATE FUNCTION awa.claim_limited(
     p_queue text, p_limit integer, p_deadline interval, p_rate double precision,
     p_burst integer, p_max_running integer, p_key_concurrency integer,
-    p_after_us bigint[], p_after_id bigint[]
+    p_after_us bigint[], p_after_id bigint[], p_kinds text[]
 )
 RETURNS TABLE (
     id bigint, kind text, queue text, args jsonb, priority smallint, attempt smallint,
@@ -1116,7 +1117,7 @@ BEGIN
                 SELECT l.id, l.slot FROM (
                     SELECT a.id, a.slot FROM awa.active_jobs AS a
                     WHERE a.state = 'available' AND a.queue = p_queue AND a.priority = 1
-                      AND a.run_at <= now()
+                      AND a.run_at <= now() AND a.kind = ANY(p_kinds)
                       AND (a.run_at, a.id)
                           >= (awa.position_at(p_after_us[1]), coalesce(p_after_id[1], 0))
                     ORDER BY a.run_at, a.id
@@ -1125,7 +1126,7 @@ BEGIN
                 SELECT l.id, l.slot FROM (
                     SELECT a.id, a.slot FROM awa.active_jobs AS a
                     WHERE a.state = 'available' AND a.queue = p_queue AND a.priority = 2
-                      AND a.run_at <= now()
+                      AND a.run_at <= now() AND a.kind = ANY(p_kinds)
                       AND (a.run_at, a.id)
                           >= (awa.position_at(p_after_us[2]), coalesce(p_after_id[2], 0))
                     ORDER BY a.run_at, a.id
@@ -1134,7 +1135,7 @@ BEGIN
                 SELECT l.id, l.slot FROM (
                     SELECT a.id, a.slot FROM awa.active_jobs AS a
                     WHERE a.state = 'available' AND a.queue = p_queue AND a.priority = 3
-                      AND a.run_at <= now()
+                      AND a.run_at <= now() AND a.kind = ANY(p_kinds)
                       AND (a.run_at, a.id)
                           >= (awa.position_at(p_after_us[3]), coalesce(p_after_id[3], 0))
                     ORDER BY a.run_at, a.id
@@ -1143,7 +1144,7 @@ BEGIN
                 SELECT l.id, l.slot FROM (
                     SELECT a.id, a.slot FROM awa.active_jobs AS a
                     WHERE a.state = 'available' AND a.queue = p_queue AND a.priority = 4
-                      AND a.run_at <= now()
+                      AND a.run_at <= now() AND a.kind = ANY(p_kinds)
                       AND (a.run_at, a.id)
                           >= (awa.position_at(p_after_us[4]), coalesce(p_after_id[4], 0))
                     ORDER BY a.run_at, a.id
@@ -1152,8 +1153,8 @@ BEGIN
             ) AS c;
         ELSE
             SELECT array_agg(k.id), array_agg(k.slot) INTO v_ids, v_slots
-            FROM awa.pick_keyed(p_queue, v_room, p_key_concurrency, p_after_us, p_after_id)
-                AS k;
+            FROM awa.pick_keyed(p_queue, v_room, p_key_concurrency, p_after_us, p_after_id,
+                                p_kinds) AS k;
         END IF;
         RETURN QUERY
         UPDATE awa.active_jobs AS j
@@ -1188,6 +1189,7 @@ BEGIN
         ELSIF v_claimed < v_room AND p_key_concurrency IS NOT NULL AND EXISTS (
             SELECT 1 FROM awa.active_jobs AS j
             WHERE j.state = 'available' AND j.queue = p_queue AND j.run_at <= now()
+              AND j.kind = ANY(p_kinds)
         ) THEN
             v_wait := 0.05;
         END IF;

@@ -4,7 +4,7 @@
 -- The claim of a queue with limits; rows with a NULL id only carry retry_after.
 SELECT * FROM awa.claim_limited(
     %(queue)s, %(limit)s, %(deadline)s, %(rate)s, %(burst)s, %(max_running)s,
-    %(key_concurrency)s, %(after_us)s::bigint[], %(after_id)s::bigint[]
+    %(key_concurrency)s, %(after_us)s::bigint[], %(after_id)s::bigint[], %(kinds)s::text[]
 )
 
 -- name: limits_store

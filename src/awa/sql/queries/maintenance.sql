@@ -228,8 +228,13 @@ SELECT awa.fold_done_counts() AS folded
 -- completion counters'), and the jobs finished in the last hour by state (the operator UI's
 -- throughput). Completed jobs are counted by awa.completed_counts (migration 12), from
 -- the count rows the completions append; the rows of queues with none of these any more are
--- removed in the same statement.
-WITH counted AS (
+-- removed in the same statement. Unserved kinds: those with jobs due for more than a minute
+-- that no live worker of the queue runs (awa.unserved_kinds, migration 13).
+WITH unserved AS (
+    SELECT queue, jsonb_object_agg(kind, available) AS kinds
+    FROM awa.unserved_kinds(interval '1 minute')
+    GROUP BY queue
+), counted AS (
     SELECT queue, state,
            count(*) FILTER (WHERE state <> 'cancelled') AS n,
            count(*) FILTER (WHERE finalized_at > now() - interval '1 hour') AS finished
@@ -250,17 +255,20 @@ WITH counted AS (
            COALESCE(jsonb_object_agg(c.state, c.n) FILTER (WHERE c.n > 0), '{}') AS counts,
            COALESCE(jsonb_object_agg(c.state, c.finished) FILTER (WHERE c.finished > 0), '{}')
                AS finished_hour,
-           o.oldest_available_at
+           o.oldest_available_at,
+           COALESCE(u.kinds, '{}') AS unserved_kinds
     FROM counted AS c LEFT JOIN oldest AS o ON o.queue = c.queue
-    GROUP BY c.queue, o.oldest_available_at
+    LEFT JOIN unserved AS u ON u.queue = c.queue
+    GROUP BY c.queue, o.oldest_available_at, u.kinds
 ), stored AS (
     INSERT INTO awa.queue_samples AS s
-        (queue, counts, finished_hour, oldest_available_at, sampled_at)
-    SELECT queue, counts, finished_hour, oldest_available_at, now() FROM sample
+        (queue, counts, finished_hour, oldest_available_at, unserved_kinds, sampled_at)
+    SELECT queue, counts, finished_hour, oldest_available_at, unserved_kinds, now() FROM sample
     ON CONFLICT (queue) DO UPDATE
     SET counts = EXCLUDED.counts,
         finished_hour = EXCLUDED.finished_hour,
         oldest_available_at = EXCLUDED.oldest_available_at,
+        unserved_kinds = EXCLUDED.unserved_kinds,
         sampled_at = EXCLUDED.sampled_at
     RETURNING s.queue
 )
@@ -270,6 +278,6 @@ WHERE NOT EXISTS (SELECT 1 FROM stored WHERE stored.queue = s.queue)
 -- name: queue_samples
 -- What a metrics scrape reports: the last sample of each queue, with its age.
 SELECT queue, counts, EXTRACT(EPOCH FROM now() - oldest_available_at)::float8 AS lag,
-       EXTRACT(EPOCH FROM now() - sampled_at)::float8 AS sample_age
+       EXTRACT(EPOCH FROM now() - sampled_at)::float8 AS sample_age, unserved_kinds
 FROM awa.queue_samples
 ORDER BY queue

@@ -24,6 +24,7 @@ WITH names AS (
 SELECT n.queue,
        COALESCE(s.counts, '{}') AS counts,
        COALESCE(s.finished_hour, '{}') AS finished_hour,
+       COALESCE(s.unserved_kinds, '{}') AS unserved_kinds,
        EXTRACT(EPOCH FROM now() - s.oldest_available_at)::float8 AS lag,
        s.sampled_at,
        COALESCE(p.paused, false) AS paused,
@@ -43,7 +44,7 @@ ORDER BY n.queue
 SELECT EXTRACT(EPOCH FROM now() - max(sampled_at))::float8 AS age FROM awa.queue_samples
 
 -- name: ui_runtimes
-SELECT id, hostname, pid, application_name, version, queues, concurrency, is_leader,
+SELECT id, hostname, pid, application_name, version, queues, kinds, concurrency, is_leader,
        started_at, heartbeat_at
 FROM awa.runtimes
 WHERE heartbeat_at > now() - stale_after

@@ -51,11 +51,15 @@ RETURNING j.id, j.kind, j.queue, j.args, j.priority, j.attempt, j.max_attempts, 
           j.callback_on_complete, j.callback_on_fail, j.callback_transform, j.concurrency_key
 
 -- name: claim_lane
--- One lane of claim_jobs: its priority, from a position (run_at, id) on.
+-- One lane of claim_jobs: its priority, from a position (run_at, id) on, the kinds this
+-- worker has handlers for only. Passing a job of another kind leaves it to a worker that runs
+-- it (a rolling deploy that adds a kind); the lane's position may move past it, since this
+-- worker never takes it.
 SELECT l.id FROM (
     SELECT a.id FROM awa.active_jobs AS a
     WHERE a.state = 'available' AND a.queue = %(queue)s AND a.priority = {priority}
       AND a.run_at <= now() AND (a.run_at, a.id) >= ({after_at}, {after_id})
+      AND a.kind = ANY(%(kinds)s::text[])
     ORDER BY a.run_at, a.id
     FOR UPDATE SKIP LOCKED
 ) AS l
