@@ -510,7 +510,8 @@ _POSITIVE_FLOAT = click.FloatRange(min=0, min_open=True)
 @click.option(
     "--soak-rate",
     type=_POSITIVE_FLOAT,
-    help="Offered jobs/s of the soak. Default: half of a plain drain measured first.",
+    help="Offered jobs/s of the soak. Default: half of a drain of the soak's own jobs, "
+    "measured first.",
 )
 @click.option(
     "--soak-retention",

@@ -2,8 +2,11 @@
 that throughput stays flat and the job tables stop growing once retention starts dropping
 what completed.
 
-The offered rate is ``--soak-rate``, or half of a plain drain measured first. Jobs are those
-of pinned-horizon (an async sleep of 1 ms, ``--concurrency`` at once); the worker keeps
+The offered rate is ``--soak-rate``, or half of the capacity measured first: a drain of
+``--jobs`` of the soak's own jobs by the soak's own worker (a no-op drain runs several times
+faster than 1 ms handlers can, and half of it would overload the worker from the start).
+Jobs are those of pinned-horizon (an async sleep of 1 ms, ``--concurrency`` at once); the
+producer runs in the worker's process, as in pinned-horizon. The worker keeps
 completed jobs ``--soak-retention`` seconds. Every ``--window-seconds`` it records
 throughput, latency p50/p99 (insert to handler start), queue depth, dead tuples and the
 bytes of each job table and its indexes. The summary compares the last third of the run
@@ -21,8 +24,9 @@ import psycopg
 from psycopg.rows import dict_row
 from rich.progress import Progress
 
-from awa.cli.bench_drain import QUEUE, Result, bench_drain, reset, stat
+from awa.cli.bench_drain import QUEUE, Result, reset, stat
 from awa.cli.bench_pinned import (
+    Paced,
     PacedProducer,
     dead_tuples,
     latencies_between,
@@ -56,18 +60,26 @@ async def bench_soak(
     url: str, jobs: int, concurrency: int, options: SoakOptions, progress: Progress
 ) -> Result:
     """The steady load for ``options.seconds`` (see the module docstring)."""
+    client, started = paced_client(url)
+    await reset(client)
     capacity = None
     rate = options.rate
     if rate is None:
-        capacity = (await bench_drain(url, jobs, concurrency, progress)).rate
-        rate = capacity / 2
-    client, started = paced_client(url)
-    await reset(client)
-    windows: list[dict[str, Any]] = []
-    task = progress.add_task("soak", total=options.seconds)
+        await client.pause_queue(QUEUE)
+        await client.insert_many_copy([Paced(time.time()) for _ in range(jobs)])
     await client.start({QUEUE: {"max_workers": concurrency}}, completed_retention=options.retention)
     runtime = client.runtime
     assert runtime is not None
+    if rate is None:
+        drain_began = time.perf_counter()
+        await client.resume_queue(QUEUE)
+        while runtime.completed < jobs:
+            await asyncio.sleep(0.01)
+        capacity = jobs / (time.perf_counter() - drain_began)
+        rate = capacity / 2
+        started.clear()
+    windows: list[dict[str, Any]] = []
+    task = progress.add_task("soak", total=options.seconds)
     producer = PacedProducer(client, rate)
     began = time.time()
     try:
@@ -112,7 +124,7 @@ def _summary(windows: list[dict[str, Any]], rate: float, capacity: float | None)
     first_bytes, last_bytes = largest(first), largest(last)
     return {
         "offered_jobs_per_second": rate,
-        "drain_capacity_jobs_per_second": capacity,
+        "capacity_jobs_per_second": capacity,
         "first_third_jobs_per_second": first_rate,
         "last_third_jobs_per_second": last_rate,
         "throughput_ratio_last_to_first": last_rate / first_rate if first_rate else float("nan"),
