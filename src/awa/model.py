@@ -111,6 +111,10 @@ class JobState(StrEnum):
     WaitingExternal = "waiting_external"
     Blocked = "blocked"
 
+    def __repr__(self) -> str:
+        # The reference package's spelling: JobState.WaitingExternal.
+        return "JobState." + self.value.title().replace("_", "")
+
     @property
     def is_terminal(self) -> bool:
         return self in _TERMINAL
@@ -581,6 +585,12 @@ class JobRow(MappingAccess):
     @property
     def is_terminal(self) -> bool:
         return self.state.is_terminal
+
+    @property
+    def deadline(self) -> dt.datetime | None:
+        """The reference package's name of ``deadline_at``: when the running attempt's
+        deadline passes (None: not running, or no deadline)."""
+        return self.deadline_at
 
     def __repr__(self) -> str:
         return (
