@@ -60,6 +60,7 @@ from awa.observability.health import (
     unreachable,
 )
 from awa.schedules import PeriodicJob, define_periodic
+from awa.storage_methods import AsyncStorageMethods
 from awa.tracing import describe_insert, producing
 from awa.transaction import (
     Transaction,
@@ -88,6 +89,7 @@ class AsyncClient(
     DescriptorDeclarations,
     AsyncBatchMethods,
     AsyncWorkflowMethods,
+    AsyncStorageMethods,
 ):
     """The asyncio client: inserts, transactions, admin, and (once handlers are registered)
     the worker runtime.
