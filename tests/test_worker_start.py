@@ -204,7 +204,9 @@ async def test_start_with_none_runs_the_queues_tasks_declare(
 
 
 async def test_start_without_tasks_is_refused(client: awa.AsyncClient) -> None:
-    with pytest.raises(awa.AwaError, match="register at least one worker before starting the runtime"):
+    with pytest.raises(
+        awa.AwaError, match="register at least one worker before starting the runtime"
+    ):
         await client.start([("default", 1)])
     assert client.runtime is None
 
