@@ -139,7 +139,9 @@ async def test_work_one_uses_the_registered_handler_by_default(
     await harness.insert(StageA(5), queue="stage_a")
     result = await harness.work_one(StageA)
     assert result.is_cancelled()
-    assert result.error == "cancelled: item 5"
+    assert result.error == "item 5"  # as the handler gave it
+    assert result.job is not None
+    assert result.job.errors[-1]["error"] == "cancelled: item 5"
     with pytest.raises(awa.ValidationError, match="no handler given"):
         await harness.work_one(StageB)
 
