@@ -111,8 +111,7 @@ class JobState(StrEnum):
     WaitingExternal = "waiting_external"
     Blocked = "blocked"
 
-    def __repr__(self) -> str:
-        # The reference package's spelling: JobState.WaitingExternal.
+    def __repr__(self) -> str:  # the reference package's spelling: JobState.WaitingExternal
         return "JobState." + self.value.title().replace("_", "")
 
     @property
@@ -588,8 +587,7 @@ class JobRow(MappingAccess):
 
     @property
     def deadline(self) -> dt.datetime | None:
-        """The reference package's name of ``deadline_at``: when the running attempt's
-        deadline passes (None: not running, or no deadline)."""
+        """``deadline_at`` under the reference package's name (None: not running)."""
         return self.deadline_at
 
     def __repr__(self) -> str:
