@@ -369,6 +369,7 @@ def test_bad_settings_name_the_key(database_url: str) -> None:
         "queues_type": "settings.AWA['QUEUES'] must be",
         "queues_option": "AWA['QUEUES']: queue 'default': unknown option(s) ['max_worker']",
         "runtime_key": "settings.AWA['RUNTIME']: start() got unknown option(s) ['heartbeat']",
+        "weighted_without_queues": "weighted mode requires explicit queue configs",
         "timeout": "settings.AWA['SHUTDOWN_TIMEOUT']",
         "modules": "settings.AWA['TASK_MODULES']",
         "migrate_flag": "settings.AWA['MIGRATE'] must be True or False",

@@ -76,8 +76,10 @@ def register(client: awa.AsyncClient, gate: asyncio.Event | None = None) -> list
         ({"key_concurrency": -1}, "key_concurrency must be a positive integer"),
         ({"key_concurrency": True}, "key_concurrency must be a positive integer"),
         ({"key_concurrency": 2**31}, "key_concurrency must be a positive integer (at most"),
-        ({"weight": 0}, "weight must be a positive integer"),
-        ({"weight": 2**31}, "weight must be a positive integer (at most 2147483647)"),
+        ({"weight": 0}, "weight must be > 0"),
+        ({"weight": -2}, "weight must be > 0"),
+        ({"weight": 2**31}, "weight must be > 0 and at most 2147483647"),
+        ({"weight": 1.5}, "weight must be an integer > 0, not float"),
         ({"min_workers": -1}, "min_workers must be an integer >= 0"),
         ({"max_workers": 2**31}, "max_workers must be a positive integer (at most 2147483647)"),
         ({"claim_batch_size": 2**31}, "claim_batch_size must be a positive integer"),
@@ -141,8 +143,11 @@ def test_weighted_mode_forms() -> None:
     assert (by_name["a"].weighted, by_name["a"].min_workers) == (True, 0)
     assert (by_name["b"].weighted, by_name["b"].min_workers) == (True, 2)
     assert not by_name["c"].weighted  # its own max_workers, apart from the 10
-    declared = parse_queues(None, ["x", "y"], global_max_workers=4)
-    assert all(config.weighted for config in declared)
+    # Weighted mode names its queues' shares: a dict, not None or tuples (as in awa-pg).
+    with pytest.raises(awa.ValidationError, match="weighted mode requires explicit queue"):
+        parse_queues(None, ["x", "y"], global_max_workers=4)
+    with pytest.raises(awa.ValidationError, match="tuple queue config is not supported"):
+        parse_queues([("x", 2)], [], global_max_workers=4)
     with pytest.raises(awa.ValidationError, match="global_max_workers must be a positive"):
         awa.RuntimeConfig(global_max_workers=0)
     with pytest.raises(awa.ValidationError, match="priority_aging_interval must be >= 0"):

@@ -204,7 +204,9 @@ async def test_start_with_none_runs_the_queues_tasks_declare(
 
 
 async def test_start_without_tasks_is_refused(client: awa.AsyncClient) -> None:
-    with pytest.raises(awa.AwaError, match="register at least one task"):
+    with pytest.raises(
+        awa.AwaError, match="register at least one worker before starting the runtime"
+    ):
         await client.start([("default", 1)])
     assert client.runtime is None
 
@@ -214,7 +216,7 @@ async def test_start_with_a_duplicate_queue_is_refused(client: awa.AsyncClient) 
     async def handle(job: awa.Job[Ping]) -> None:
         pass
 
-    with pytest.raises(awa.ValidationError, match="configured twice"):
+    with pytest.raises(awa.ValidationError, match="configured more than once"):
         await client.start([("default", 1), ("default", 2)])
     assert client.runtime is None
 

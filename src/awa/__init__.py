@@ -58,6 +58,7 @@ from awa.model import (
     UniqueOpts,
 )
 from awa.observability.health import HealthCheck
+from awa.observability.telemetry import init_telemetry, shutdown_telemetry
 from awa.outcomes import CallbackToken, Cancel, RetryAfter, Snooze, WaitForCallback
 from awa.partitioned_queue import PartitionedQueue
 from awa.transaction import SyncTransaction, Transaction
@@ -65,6 +66,9 @@ from awa.version import __version__
 from awa.worker.config import QueueConfig, RetryPolicy, RuntimeConfig
 from awa.workflow_methods import WaitTimeout
 from awa.workflows import BatchRun, Step, Workflow, WorkflowInfo, WorkflowRun
+
+QueueStat = QueueStats
+"""The reference package's name of a ``queue_stats()`` entry (the same class)."""
 
 __all__ = [
     "MAX_ARGS_BYTES",
@@ -106,6 +110,7 @@ __all__ = [
     "QueueConfig",
     "QueueDescriptor",
     "QueueLimits",
+    "QueueStat",
     "QueueStats",
     "RescueReason",
     "Rescued",
@@ -138,7 +143,9 @@ __all__ = [
     "callback_contract",
     "current_migration_version",
     "derive_kind",
+    "init_telemetry",
     "migrate",
     "migrations",
     "migrations_range",
+    "shutdown_telemetry",
 ]

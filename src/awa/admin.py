@@ -97,6 +97,7 @@ __all__ = [
     "dlq_depth_by_queue",
     "drain_queue",
     "fail_external",
+    "flush_admin_metadata",
     "get_batch_operation",
     "get_dlq_job",
     "get_job",
@@ -260,6 +261,19 @@ def discard_failed(kind: str | None = None, *, ids: Sequence[int] | None = None)
         raise ValidationError("discard_failed() needs exactly one of kind or ids=")
     params = {"kind": check_name("kind", kind) if kind is not None else None, "ids": _job_ids(ids)}
     return Statement(query("discard_failed"), params, _count)
+
+
+def _nothing(rows: list[Any]) -> None:
+    return None
+
+
+@operation
+def flush_admin_metadata() -> Flow[None]:
+    """Bring the maintenance leader's admin caches up to date now: fold the count rows of
+    completed jobs and take a queue sample (``awa.queue_samples``, behind the queue gauges
+    and the UI's throughput), for when no leader runs. ``queue_stats`` counts live."""
+    yield Statement(query("fold_done_counts"), None, _nothing)
+    yield Statement(query("queue_samples_store"), None, _nothing)
 
 
 @operation

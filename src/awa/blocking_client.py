@@ -52,12 +52,13 @@ from awa.observability.health import (
     schema_missing,
     unreachable,
 )
+from awa.storage_methods import StorageMethods
 from awa.tracing import describe_insert, producing
 from awa.transaction import SyncTransaction, insert_prepared_sync
 from awa.workflow_methods import WorkflowMethods
 
 
-class Client(DlqMethods, DescriptorListing, BatchMethods, WorkflowMethods):
+class Client(DlqMethods, DescriptorListing, BatchMethods, WorkflowMethods, StorageMethods):
     """The blocking client for producers and operators (the worker runtime is asyncio-only:
     use AsyncClient for it). Safe to share between threads."""
 

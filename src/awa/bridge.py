@@ -26,6 +26,7 @@ import psycopg
 
 from awa.db import CopyStatement, Flow, Statement, run_async, run_sync
 from awa.dependencies import dependencies_flow
+from awa.errors import ValidationError
 from awa.insert import (
     DEFAULT_RULES,
     InsertKwargs,
@@ -35,7 +36,7 @@ from awa.insert import (
     prepare_job,
     split_kwargs,
 )
-from awa.model import JobRow
+from awa.model import InsertOpts, JobRow
 
 if TYPE_CHECKING:
     import asyncpg
@@ -99,7 +100,7 @@ async def insert_job(
     """
     run = _async_runner(conn)
     kind, opts = split_kwargs("insert_job", kwargs)
-    prepared = prepare_job(args, kind=kind, opts=opts, rules=_rules(client))
+    prepared = _prepare(args, kind, opts, client)
     return (await _drive_async(run, _insert_with_dependencies(prepared)))[0]
 
 
@@ -113,8 +114,32 @@ def insert_job_sync(
     """Blocking twin of :func:`insert_job` for psycopg, SQLAlchemy and Django connections."""
     run = _sync_runner(conn)
     kind, opts = split_kwargs("insert_job_sync", kwargs)
-    prepared = prepare_job(args, kind=kind, opts=opts, rules=_rules(client))
+    prepared = _prepare(args, kind, opts, client)
     return _drive_sync(run, _insert_with_dependencies(prepared))[0]
+
+
+_NUL = " contains a NUL byte, which Postgres cannot store"  # awa's checks' words
+
+
+def _prepare(
+    args: Any, kind: str | None, opts: InsertOpts, client: HasInsertRules | None
+) -> PreparedJob:
+    """``prepare_job``, with a NUL byte reported in the reference bridge's words."""
+    try:
+        return prepare_job(args, kind=kind, opts=opts, rules=_rules(client))
+    except ValidationError as error:
+        message = str(error)
+        if not message.endswith(_NUL):
+            raise
+        where = message.removesuffix(_NUL)
+        subject = next((part for part in ("args", "metadata") if where.startswith(part)), None)
+        if subject is None:  # a text column: kind, queue, a tag, ...
+            subject, stored = where, "Postgres cannot store them"
+        else:
+            stored = "Postgres JSONB does not support them"
+        raise ValidationError(
+            f"Job {subject} must not contain null bytes (\\u0000): {stored} (a NUL byte in {where})"
+        ) from None
 
 
 def _insert_with_dependencies(job: PreparedJob) -> Flow[list[JobRow]]:
@@ -257,12 +282,23 @@ def _is_sync(conn: object) -> bool:
 
 
 def _unsupported(conn: object, function: str) -> TypeError:
+    """The reference package's words for a connection the function cannot use."""
     name = f"{type(conn).__module__}.{type(conn).__qualname__}"
     if function == "insert_job" and _is_sync(conn):
-        return TypeError(f"{name} is a blocking connection: use awa.bridge.insert_job_sync()")
+        return TypeError(
+            "insert_job() requires an async connection. For sync psycopg3/SQLAlchemy/Django "
+            f"connections, use insert_job_sync(). Got: {name}"
+        )
     if function == "insert_job_sync" and _is_async(conn):
-        return TypeError(f"{name} is an asyncio connection: use await awa.bridge.insert_job()")
-    return TypeError(f"awa.bridge.{function}() does not support {name}; supported: {SUPPORTED}")
+        return TypeError(
+            "insert_job_sync() requires a sync psycopg3/SQLAlchemy/Django connection. For "
+            f"async connections, use insert_job() (await awa.bridge.insert_job()). Got: {name}"
+        )
+    return TypeError(
+        f"Unsupported connection type: {type(conn).__qualname__} "
+        f"(module={type(conn).__module__}). Supported drivers: asyncpg, psycopg3, "
+        f"SQLAlchemy, and Django ({SUPPORTED})."
+    )
 
 
 def _check_postgres(conn: object, name: str) -> None:

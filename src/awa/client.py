@@ -60,6 +60,7 @@ from awa.observability.health import (
     unreachable,
 )
 from awa.schedules import PeriodicJob, define_periodic
+from awa.storage_methods import AsyncStorageMethods
 from awa.tracing import describe_insert, producing
 from awa.transaction import (
     Transaction,
@@ -88,6 +89,7 @@ class AsyncClient(
     DescriptorDeclarations,
     AsyncBatchMethods,
     AsyncWorkflowMethods,
+    AsyncStorageMethods,
 ):
     """The asyncio client: inserts, transactions, admin, and (once handlers are registered)
     the worker runtime.
@@ -370,7 +372,10 @@ class AsyncClient(
         if self._runtime is not None:
             raise AwaError("the worker is already running")
         if len(self._tasks) == 0:
-            raise AwaError("register at least one task (@client.task) before start()")
+            raise AwaError(
+                "register at least one worker before starting the runtime "
+                "(decorate a handler with @client.task)"
+            )
         # Exactly the queues given: a fleet may split one task module across processes, each
         # running some of its queues (jobs of the others are claimed elsewhere).
         # The reference package's spellings (milliseconds, hours, a list of dicts with

@@ -140,7 +140,8 @@ def migrate(database_url: str | None = None) -> AppliedMigrations:
     """Apply awa's schema to the database (``DATABASE_URL`` when None): blocking, and
     awaitable for programs written as ``await awa.migrate(url)``. In async code prefer
     ``await client.migrate()``, which does not block the event loop."""
-    with psycopg.connect(resolve_database_url(database_url), autocommit=True) as conn:
+    url = resolve_database_url(database_url)
+    with translate_errors(), psycopg.connect(url, autocommit=True) as conn:
         return AppliedMigrations(migrate_sync(conn))
 
 

@@ -111,6 +111,9 @@ class JobState(StrEnum):
     WaitingExternal = "waiting_external"
     Blocked = "blocked"
 
+    def __repr__(self) -> str:  # the reference package's spelling: JobState.WaitingExternal
+        return "JobState." + self.value.title().replace("_", "")
+
     @property
     def is_terminal(self) -> bool:
         return self in _TERMINAL
@@ -581,6 +584,11 @@ class JobRow(MappingAccess):
     @property
     def is_terminal(self) -> bool:
         return self.state.is_terminal
+
+    @property
+    def deadline(self) -> dt.datetime | None:
+        """``deadline_at`` under the reference package's name (None: not running)."""
+        return self.deadline_at
 
     def __repr__(self) -> str:
         return (

@@ -100,8 +100,9 @@ class WorkResult:
     attempt, so its outcome wrote nothing). A follow-up that fails rolls its outcome back and
     the attempt is recorded as failed, as on a worker: "retryable" (or "failed" on the last
     attempt) with an error naming the follow-up. ``job`` is the row as committed; ``error``
-    the error this attempt added to it; ``event`` the lifecycle event the outcome produced;
-    ``follow_ups`` the jobs inserted with it (registered specs' first, then staged ones).
+    the error this attempt added to it (for "cancelled", the reason as the handler gave it);
+    ``event`` the lifecycle event the outcome produced; ``follow_ups`` the jobs inserted
+    with it (registered specs' first, then staged ones).
     """
 
     outcome: str
@@ -317,6 +318,9 @@ class AwaTestClient:
             await hooks.dispatch_and_wait(committed.event)
         row = committed.row
         error = _last_error(row) if len(row.errors) > errors_before else None
+        if isinstance(committed.outcome, results.Cancelled) and row.state is JobState.CANCELLED:
+            # The reason as the handler gave it (the row's error says "cancelled: <reason>").
+            error = committed.outcome.reason
         return WorkResult(
             _OUTCOMES.get(row.state, row.state.value),
             row,

@@ -183,6 +183,7 @@ BAD_AWA: dict[str, Any] = {
     "queues_type": {"QUEUES": "default"},
     "queues_option": {"QUEUES": {"default": {"max_worker": 2}}},
     "runtime_key": {"RUNTIME": {"heartbeat": 1}},
+    "weighted_without_queues": {"RUNTIME": {"global_max_workers": 4}},
     "timeout": {"SHUTDOWN_TIMEOUT": -1},
     "modules": {"TASK_MODULES": "django_project.awa_jobs"},
     "migrate_flag": {"MIGRATE": "yes"},

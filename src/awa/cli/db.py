@@ -164,3 +164,20 @@ def db_stop(as_json: bool) -> None:
         click.echo(f"the embedded server is not running (data directory {data_dir})")
     else:
         click.echo(f"stopped the embedded server (pid {pid}); its data stays in {data_dir}")
+
+
+@main.group()
+def storage() -> None:
+    """The job storage (the reference package's `storage` commands).
+
+    awa has one storage engine, built by the migrations in the schema awa: there is no
+    transition to prepare or finalize.
+    """
+
+
+@storage.command("status")
+@click.pass_context
+def storage_status(ctx: click.Context) -> None:
+    """Print the storage report as JSON (engine, state, schema, migration version, live
+    workers), in the shape of the reference package's `storage status`."""
+    click.echo(client_from_context(ctx).storage_status())

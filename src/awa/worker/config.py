@@ -131,7 +131,15 @@ class QueueConfig:
                 _positive_int(value, f"queue {self.name!r}: {field}")
         if self.min_workers is not None:
             _positive_int(self.min_workers, f"queue {self.name!r}: min_workers", low=0)
-        _positive_int(self.weight, f"queue {self.name!r}: weight")
+        if isinstance(self.weight, bool) or not isinstance(self.weight, int):
+            raise ValidationError(
+                f"queue {self.name!r}: weight must be an integer > 0, not "
+                f"{type(self.weight).__name__}"
+            )
+        if not 0 < self.weight <= INT_MAX:
+            raise ValidationError(
+                f"queue {self.name!r}: weight must be > 0 and at most {INT_MAX}, got {self.weight}"
+            )
         object.__setattr__(
             self,
             "poll_interval",
@@ -212,15 +220,22 @@ def parse_queues(
     ``{"email": 8, "billing": {"max_workers": 2, "deadline_duration": 60}}``; None runs
     every queue a task declared, with default settings.
 
-    With ``global_max_workers``, a queue given as a dict without ``max_workers`` (or not
-    given at all, with None) is weighted: it shares the N slots, with ``min_workers``
-    (default 0) guaranteed. A queue given a ``max_workers`` keeps it, apart from the N.
+    With ``global_max_workers``, a queue given as a dict without ``max_workers`` is
+    weighted: it shares the N slots, with ``min_workers`` (default 0) guaranteed. A queue
+    given a ``max_workers`` keeps it, apart from the N. Weighted mode needs the queues
+    given as a dict (None and tuples name no shares: ValidationError, as in the reference
+    package).
     """
     weighted = global_max_workers is not None
     configs: list[QueueConfig] = []
     if queues is None:
-        defaults: dict[str, Any] = {"min_workers": 0} if weighted else {}
-        configs = [QueueConfig(name, **defaults) for name in dict.fromkeys(declared)]
+        if weighted:
+            raise ValidationError(
+                "weighted mode requires explicit queue configs (global_max_workers set but "
+                "queues=None): give each queue's share, e.g. "
+                "{'email': {'min_workers': 2, 'weight': 3}, 'reports': {'weight': 1}}"
+            )
+        configs = [QueueConfig(name) for name in dict.fromkeys(declared)]
     elif isinstance(queues, Mapping):
         for name, spec in queues.items():
             if isinstance(spec, Mapping):
@@ -249,13 +264,19 @@ def parse_queues(
                 raise ValidationError(
                     "queues must be (name, max_workers) tuples, QueueConfig objects, or a dict"
                 )
+            if weighted:
+                # A tuple's max_workers is the queue's own: none would share the N slots.
+                raise ValidationError(
+                    "tuple queue config is not supported with global_max_workers; use dict "
+                    "form with min_workers/weight (e.g. {'email': {'min_workers': 2}})"
+                )
             configs.append(QueueConfig(item[0], max_workers=item[1]))
     if not configs:
         raise ValidationError("start() needs at least one queue (register a task or pass queues)")
     names = [config.name for config in configs]
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
-        raise ValidationError(f"queue(s) configured twice: {duplicates}")
+        raise ValidationError(f"queue(s) configured more than once: {duplicates}")
     _check_weights(configs, global_max_workers)
     return configs
 

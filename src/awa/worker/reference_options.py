@@ -109,7 +109,7 @@ def queue_options(queues: Any, poll_interval: float | None) -> tuple[Any, dict[s
                 raise ValidationError("queues: a queue config dict must have a 'name' key")
             spec = {key: value for key, value in item.items() if key != "name"}
             if item["name"] in mapping:
-                raise ValidationError(f"queue(s) configured twice: [{item['name']!r}]")
+                raise ValidationError(f"queue(s) configured more than once: [{item['name']!r}]")
             mapping[item["name"]] = spec
         queues = mapping
     if isinstance(queues, Mapping):

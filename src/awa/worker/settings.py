@@ -171,8 +171,11 @@ class WorkerSettings:
         return base
 
     def start_queues(self, declared: Iterable[str]) -> dict[str, dict[str, Any]] | None:
-        """``start()``'s queues argument; None: every queue the tasks declare, as they are."""
-        if self.queues is None and not self.queue_options:
+        """``start()``'s queues argument; None: every queue the tasks declare, as they are.
+        With ``global_max_workers`` the declared queues are named (weighted mode takes a
+        dict: each queue then shares the slots with the default minimum and weight)."""
+        weighted = self.runtime.get("global_max_workers") is not None
+        if self.queues is None and not self.queue_options and not weighted:
             return None
         names = list(self.queues) if self.queues is not None else list(dict.fromkeys(declared))
         stray = sorted(set(self.queue_options) - set(names))

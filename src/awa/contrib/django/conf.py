@@ -181,6 +181,12 @@ def _runtime(value: object) -> dict[str, Any]:
 
 def _queues(value: object, runtime: Mapping[str, Any]) -> Any:
     if value is None:
+        if runtime.get("global_max_workers") is not None:
+            raise ImproperlyConfigured(
+                "settings.AWA['QUEUES']: weighted mode requires explicit queue configs "
+                "(RUNTIME sets global_max_workers): give each queue's share, e.g. "
+                "{'email': {'min_workers': 2, 'weight': 3}}"
+            )
         return None
     if isinstance(value, str | bytes) or not isinstance(value, Mapping | list | tuple):
         raise ImproperlyConfigured(
