@@ -229,7 +229,7 @@ SELECT awa.fold_done_counts() AS folded
 -- throughput). Completed jobs are counted by awa.completed_counts (migration 12), from
 -- the count rows the completions append; the rows of queues with none of these any more are
 -- removed in the same statement. Unserved kinds: those with jobs due for more than a minute
--- that no live worker of the queue runs (awa.unserved_kinds, migration 13).
+-- that no live worker of the queue runs (awa.unserved_kinds, migration 14).
 WITH unserved AS (
     SELECT queue, jsonb_object_agg(kind, available) AS kinds
     FROM awa.unserved_kinds(interval '1 minute')

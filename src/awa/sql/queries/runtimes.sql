@@ -27,7 +27,7 @@ ORDER BY started_at, id
 
 -- name: unserved_kinds
 -- Kinds waiting more than `after` seconds for a worker of their queue that runs them
--- (awa.unserved_kinds, migration 13).
+-- (awa.unserved_kinds, migration 14).
 SELECT queue, kind, available,
        EXTRACT(EPOCH FROM now() - oldest_run_at)::float8 AS oldest_available_age
 FROM awa.unserved_kinds(make_interval(secs => %(after)s))
