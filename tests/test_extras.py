@@ -190,6 +190,10 @@ def test_metrics_without_the_metrics_extra() -> None:
     expected = line("metrics", "awa worker --metrics-port")
     assert awa_command(args, ["prometheus_client"]) == expected
     assert awa_command(args, ["opentelemetry.sdk"]) == expected
+    bench = ["bench", "--only", "drain-otel"]
+    assert awa_command(bench, ["prometheus_client"]) == line(
+        "metrics", "awa bench --only drain-otel"
+    )
     code = without(["prometheus_client"], "import awa.observability.endpoint")
     result = run_python(code)
     assert result.stderr.splitlines()[-1] == (

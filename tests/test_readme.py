@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -63,8 +64,10 @@ def test_readme_names_the_two_commands() -> None:
         assert promise in commands, promise
 
 
-def _source_browser_script(path: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    env = {"PATH": path, "AWA_BROWSER_INSTALL": "0", "HOME": str(tmp_path)}
+def _source_browser_script(
+    path: str, tmp_path: Path, install: str = "0"
+) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": path, "AWA_BROWSER_INSTALL": install, "HOME": str(tmp_path)}
     script = 'set -euo pipefail; . scripts/_browser.sh; echo "found=${AWA_CHROMIUM:-}"'
     return subprocess.run(
         ["/bin/bash", "-c", script],
@@ -84,6 +87,30 @@ def test_test_command_finds_a_chromium_on_path(tmp_path: Path) -> None:
     result = _source_browser_script(str(tmp_path), tmp_path)
     assert result.stdout == f"found={chrome}\n"
     assert result.stderr == ""
+
+
+def _fake_command(path: Path, body: str) -> None:
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+
+
+def test_test_command_installs_debian_chromium_as_root(tmp_path: Path) -> None:
+    """As root with apt-get and no browser: apt-get update, then install chromium (here a
+    stand-in apt-get that records its calls and puts a chromium on PATH)."""
+    calls = tmp_path / "calls"
+    _fake_command(tmp_path / "id", "echo 0")
+    _fake_command(
+        tmp_path / "apt-get",
+        f'echo "$@" >> {calls}\n'
+        f'case "$*" in *install*) printf "#!/bin/sh\\n" > {tmp_path}/chromium; '
+        f"{shutil.which('chmod')} +x {tmp_path}/chromium;; esac",
+    )
+    result = _source_browser_script(str(tmp_path), tmp_path, install="1")
+    assert result.stdout == f"found={tmp_path}/chromium\n"
+    assert calls.read_text().splitlines() == ["update -qq", "install -y -qq chromium"]
+    assert result.stderr.splitlines() == [
+        "installing Debian's chromium with apt-get for the browser tests (tests/test_ui_browser.py)"
+    ]
 
 
 def test_test_command_without_chromium_says_the_browser_tests_are_skipped(
