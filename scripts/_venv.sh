@@ -11,7 +11,9 @@ if [ ! -x .venv/bin/python ]; then
     "$python" -m venv .venv
 fi
 stamp=".venv/.awa-installed${extra:+-$extra}"
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+fresh() { [ -f "$1" ] && [ ! pyproject.toml -nt "$1" ]; }
+# The dev extra holds every other extra: a venv set up for the tests serves the demo too.
+if ! fresh "$stamp" && ! fresh .venv/.awa-installed-dev; then
     .venv/bin/python -m pip install --quiet --upgrade pip
     .venv/bin/python -m pip install --quiet -e ".${extra:+[$extra]}"
     touch "$stamp"

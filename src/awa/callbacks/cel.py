@@ -5,6 +5,11 @@ system sent): ``filter`` (false: ignore the payload), ``on_fail`` (true: fail th
 ``on_complete`` (true: complete it) and ``transform`` (the payload handed back on
 completion). They are compiled when the callback is registered, so a bad expression fails
 in the handler, not when the answer arrives.
+
+Evaluating them needs the ``cel`` extra (``pip install 'awa-py[cel]'``): cel-python is
+imported the first time an expression is compiled or a callback that has one is resolved,
+and without it that raises ``awa.errors.MissingExtra`` saying so. Callbacks without
+expressions never need it.
 """
 
 from __future__ import annotations
@@ -12,15 +17,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any, Literal
-
-import celpy
-from celpy.adapter import json_to_cel
-from celpy.evaluation import CELEvalError
-from lark import Token, Tree
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Literal
 
 from awa.errors import ValidationError
+from awa.extras import require_extra
 from awa.kinds import dump_json
+
+if TYPE_CHECKING:
+    import celpy
+    from lark import Tree
 
 VARIABLE = "payload"
 _MACROS = frozenset({"all", "exists", "exists_one", "map", "filter"})
@@ -30,8 +36,20 @@ Action = Literal["complete", "fail", "ignore"]
 
 
 @functools.cache
+def _celpy() -> ModuleType:
+    """cel-python, imported on first use (MissingExtra without the ``cel`` extra)."""
+    require_extra("cel", "a callback with CEL expressions")
+    import celpy
+    import celpy.adapter
+    import celpy.evaluation
+
+    return celpy
+
+
+@functools.cache
 def _environment() -> celpy.Environment:
-    return celpy.Environment()
+    environment: celpy.Environment = _celpy().Environment()
+    return environment
 
 
 @functools.lru_cache(maxsize=1024)
@@ -47,8 +65,9 @@ def check_expression(name: str, source: str | None) -> str | None:
         return None
     if not isinstance(source, str) or not source.strip():
         raise ValidationError(f"invalid CEL expression for {name}: it must be a non-empty string")
+    environment = _environment()  # outside the try: a missing extra is not a bad expression
     try:
-        tree = _environment().compile(source)
+        tree = environment.compile(source)
     except Exception as error:
         message = " ".join(str(error).split())
         raise ValidationError(f"invalid CEL expression for {name}: {message}") from None
@@ -62,6 +81,8 @@ def check_expression(name: str, source: str | None) -> str | None:
 
 
 def _free_identifiers(tree: Tree[Any]) -> set[str]:
+    from lark import Token
+
     bound: set[str] = set()
     for node in tree.iter_subtrees():
         if node.data == "member_dot_arg" and len(node.children) >= 3:
@@ -76,6 +97,8 @@ def _free_identifiers(tree: Tree[Any]) -> set[str]:
 
 
 def _first_argument_identifier(arguments: Any) -> set[str]:
+    from lark import Tree
+
     if isinstance(arguments, Tree) and arguments.children:
         first = arguments.children[0]
         if isinstance(first, Tree):
@@ -88,13 +111,15 @@ def _first_argument_identifier(arguments: Any) -> set[str]:
 def evaluate(source: str, payload: Any) -> Any:
     """Evaluate with ``payload`` bound; the result as plain JSON-like Python values.
     Raises on any compile or runtime error."""
-    result = _program(source).evaluate({VARIABLE: json_to_cel(payload)})
-    if isinstance(result, CELEvalError):
+    celpy = _celpy()
+    result = _program(source).evaluate({VARIABLE: celpy.adapter.json_to_cel(payload)})
+    if isinstance(result, celpy.evaluation.CELEvalError):
         raise result
     return _to_python(result)
 
 
 def _to_python(value: Any) -> Any:
+    celpy = _celpy()
     if isinstance(value, celpy.celtypes.BoolType):
         return bool(value)
     if isinstance(value, celpy.celtypes.IntType | celpy.celtypes.UintType):
@@ -154,6 +179,8 @@ def decide(
 ) -> Decision:
     """The resolve_callback decision: filter (fails open), then on_fail, then on_complete
     (with transform, which falls back to the payload), else the default action."""
+    if any(source is not None for source in (filter, on_complete, on_fail, transform)):
+        _celpy()  # a missing extra is an error, not an expression that evaluates to false
     if filter is not None:
         try:
             passed = evaluate(filter, payload)

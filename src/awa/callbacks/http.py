@@ -1,5 +1,7 @@
 """An HTTP receiver for external callbacks: an ASGI app (Starlette) to mount in your web
-app, or to run on its own with ``awa callback serve``.
+app, or to run on its own with ``awa callback serve``. Needs the ``http`` extra
+(``pip install 'awa-py[http]'``); without it, importing this module raises
+``awa.errors.MissingExtra`` saying so.
 
 Endpoints (``POST``, JSON bodies, every field optional unless noted)::
 
@@ -43,17 +45,22 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import orjson
-from starlette.applications import Starlette
-from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse
-from starlette.routing import Route
 
 from awa import callback_contract
 from awa.callbacks import ResolveResult, callback_uuid
 from awa.callbacks.resolution import CallbackResolution
 from awa.errors import CallbackNotFound, DatabaseError, ValidationError
+from awa.extras import missing_extra
 from awa.lifecycle.followups import FollowUpError
 from awa.model import JobRow
+
+try:
+    from starlette.applications import Starlette
+    from starlette.requests import ClientDisconnect, Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+except ImportError as error:
+    raise missing_extra("http", "awa.callbacks.http") from error
 
 __all__ = [
     "MAX_BODY_BYTES",

@@ -30,12 +30,13 @@ from rich.console import Console
 from rich.progress import Progress
 
 import awa
-from awa.cli.bench_drain import DRAIN_VARIANTS, Noop, Result, bench_drain, reset
+from awa.cli.bench_drain import DRAIN_VARIANTS, SDK_VARIANTS, Noop, Result, bench_drain, reset
 from awa.cli.bench_pinned import PinnedHorizonOptions, bench_drain_pinned, bench_pinned_horizon
 from awa.cli.bench_soak import SoakOptions, bench_soak
 from awa.cli.group import database_url_from_context, json_option, main, print_json, print_table
 from awa.db import connection_kwargs, redact, resolve_database_url
 from awa.errors import ValidationError
+from awa.extras import has_extra, missing_extra, require_extra
 from awa.sql import query
 from awa.worker.lanes import LanePositions, claim_statement
 
@@ -546,6 +547,13 @@ def bench(
     end, also on an error or Ctrl-C: your jobs and databases are never touched.
     """
     scenarios = only or DEFAULT_SCENARIOS
+    sdk_scenarios = [name for name in scenarios if name in SDK_VARIANTS]
+    if sdk_scenarios and only:
+        require_extra("metrics", f"awa bench --only {sdk_scenarios[0]}")
+    elif sdk_scenarios and not has_extra("metrics"):
+        scenarios = tuple(name for name in scenarios if name not in SDK_VARIANTS)
+        skipped = " and ".join(sdk_scenarios)
+        click.echo(f"awa bench: skipping {skipped}: {missing_extra('metrics', 'each')}", err=True)
     if "latency" in scenarios and rate * seconds < 1:
         raise click.BadParameter(
             f"--rate x --seconds is {rate * seconds:g}: the latency run needs at least 1 job",

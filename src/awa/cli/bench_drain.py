@@ -58,6 +58,8 @@ DRAIN_VARIANTS = (
     "drain-chain",
     "drain-fan-in",
 )
+SDK_VARIANTS = ("drain-otel", "drain-otel-traced")
+"""The drains that configure the OpenTelemetry SDK (the ``metrics`` extra)."""
 CHAINS = 1000
 BATCH = 100
 FOLLOW_UP_QUEUE = "bench-followups"  # nobody works it: follow-ups stay put
@@ -259,7 +261,7 @@ async def bench_drain(
 ) -> Result:
     """Run ``jobs`` pre-inserted jobs (see the module docstring); the rate, commits per job
     and dead tuples left in awa.jobs."""
-    if variant in ("drain-otel", "drain-otel-traced"):
+    if variant in SDK_VARIANTS:
         return await _drain_in_sdk_process(url, jobs, concurrency, progress, variant)
     client = drain_client(url, variant)
     processes = 2 if variant == "drain-2proc" else 1

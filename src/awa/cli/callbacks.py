@@ -30,6 +30,7 @@ from awa.cli.group import (
     pass_client,
     print_json,
 )
+from awa.extras import require_extra
 from awa.model import JobRow
 
 # awa callback ... ---------------------------------------------------------------------------
@@ -290,6 +291,8 @@ def serve(
 ) -> None:
     """Answer callbacks over HTTP (the receiver for webhooks).
 
+    Needs the http extra: pip install 'awa-py[http]'.
+
     Runs until interrupted (Ctrl-C or SIGTERM). Serves POST
     PREFIX/ID/complete|fail|retry|resume|resolve|heartbeat (PREFIX is --prefix, /callbacks
     by default), each doing what the command of the same name does, with a JSON body such as
@@ -311,6 +314,7 @@ def serve(
             "give --secret (or AWA_CALLBACK_SECRET), or --allow-unsigned, or "
             "--callback-hmac-secret (or AWA_CALLBACK_HMAC_SECRET) for awa-pg's contract only"
         )
+    require_extra("http", "awa callback serve")
     import uvicorn
 
     from awa.callbacks.http import create_app

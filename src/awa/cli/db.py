@@ -19,6 +19,7 @@ from awa.cli.group import (
 )
 from awa.db import mask_password
 from awa.embedded import embedded_status, stop_embedded_server
+from awa.extras import require_extra
 from awa.migrations import migration_script
 from awa.sql import current_version
 
@@ -114,6 +115,7 @@ def db_status(ctx: click.Context, as_json: bool) -> None:
     at another server (the embedded one is then not used). AWA_EMBEDDED_DATA_DIR chooses the
     data directory.
     """
+    require_extra("embedded", "awa db status")
     status = embedded_status()
     elsewhere = _configured_elsewhere(ctx)
     if as_json:
@@ -156,6 +158,7 @@ def db_stop(as_json: bool) -> None:
     Waits until it has exited. The next command that needs it starts it again; to delete
     it, stop it and remove its data directory (see `awa db status`).
     """
+    require_extra("embedded", "awa db stop")
     data_dir = embedded_status().data_dir
     pid = stop_embedded_server(data_dir)
     if as_json:

@@ -415,7 +415,7 @@ class AwaGroup(click.Group):
     show_envvar=True,
     metavar="URL",
     help="PostgreSQL connection URL. Without it (and without PG* variables) awa starts an "
-    "embedded server in your user data directory and reuses it.",
+    "embedded server in your user data directory and reuses it (the embedded extra).",
 )
 @click.version_option(awa.__version__, prog_name="awa")
 @click.pass_context

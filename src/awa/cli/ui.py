@@ -11,9 +11,8 @@ import psycopg
 from awa.cli.group import database_url_from_context, fail, main
 from awa.db import drive_sync, resolve_database_url
 from awa.errors import ValidationError
+from awa.extras import require_extra
 from awa.migrations import check_version, schema_version_flow
-from awa.ui import create_app
-from awa.ui.security import parse_credentials
 
 AUTH_HELP = (
     "Require credentials, read from the environment variable of this name: 'user:password' "
@@ -37,8 +36,15 @@ def ui(
     auth_variable: str | None,
     title: str,
 ) -> None:
-    """Serve the operator web UI: queues, jobs, lineage, callbacks, schedules, failures."""
+    """Serve the operator web UI: queues, jobs, lineage, callbacks, schedules, failures.
+
+    Needs the ui extra: pip install 'awa-py[ui]'.
+    """
+    require_extra("ui", "awa ui")
     import uvicorn
+
+    from awa.ui import create_app
+    from awa.ui.security import parse_credentials
 
     credentials = None
     if auth_variable is not None:

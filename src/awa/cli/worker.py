@@ -19,7 +19,7 @@ import click
 
 import awa
 from awa.cli.group import CliError, database_url_from_context, load_client, main
-from awa.observability.endpoint import EndpointServer, install_prometheus
+from awa.extras import require_extra
 from awa.observability.log_format import configure as configure_logging
 from awa.worker import settings as worker_settings
 from awa.worker.config import RuntimeConfig
@@ -64,6 +64,8 @@ async def serve(
         loop.add_signal_handler(signum, on_signal, signum)
     endpoint = None
     if metrics is not None:
+        from awa.observability.endpoint import EndpointServer, install_prometheus
+
         if not install_prometheus():
             log.info("metrics: the application's MeterProvider is kept (give it a reader)")
         endpoint = EndpointServer(client, *metrics)
@@ -158,7 +160,8 @@ def _runtime_options(command: Any) -> Any:
     type=click.IntRange(0, 65535),
     envvar="AWA_METRICS_PORT",
     show_envvar=True,
-    help="Serve /metrics (Prometheus), /healthz and /readyz on this port (0: any free port).",
+    help="Serve /metrics (Prometheus), /healthz and /readyz on this port (0: any free port; "
+    "needs the metrics extra).",
 )
 @click.option(
     "--metrics-host",
@@ -206,6 +209,8 @@ def worker(
     settings.check()
     if settings.client is None:
         raise click.UsageError("give MODULE:CLIENT (or client = ... in the --config file)")
+    if settings.metrics_port is not None:
+        require_extra("metrics", "awa worker --metrics-port")
     configure_logging(settings.log_level, settings.log_format)
     url = database_url_from_context(ctx)
     if url:

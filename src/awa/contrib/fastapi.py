@@ -8,6 +8,9 @@ receiver under a prefix. Both frameworks take the same lifespan and ``mount``.
 Inside a request, insert with the application's own transaction through ``awa.bridge``
 (``await awa.bridge.insert_job(session, args, client=client)``): the job exists if the
 request's transaction commits, and never did if it rolls back.
+
+Needs the ``fastapi`` extra (``pip install 'awa-py[fastapi]'``); without it, importing this
+module raises ``awa.errors.MissingExtra`` saying so.
 """
 
 from __future__ import annotations
@@ -18,11 +21,16 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
 from awa.arguments import check_flag, check_seconds
-from awa.callbacks.http import Secret
-from awa.callbacks.http import create_app as create_callback_app
 from awa.client import AsyncClient, QueuesSpec
-from awa.errors import ValidationError
-from awa.ui import create_app as create_ui_app
+from awa.errors import MissingExtra, ValidationError
+from awa.extras import missing_extra
+
+try:
+    from awa.callbacks.http import Secret
+    from awa.callbacks.http import create_app as create_callback_app
+    from awa.ui import create_app as create_ui_app
+except MissingExtra as error:
+    raise missing_extra("fastapi", "awa.contrib.fastapi") from error
 
 Lifespan = Callable[[Any], AbstractAsyncContextManager[None]]
 

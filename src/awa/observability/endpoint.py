@@ -1,6 +1,7 @@
 """An HTTP endpoint for operators: ``/metrics`` (Prometheus), ``/healthz`` (liveness) and
 ``/readyz`` (readiness), as an ASGI app (Starlette) to mount in your web app, or served by
-``awa worker --metrics-port``.
+``awa worker --metrics-port``. Needs the ``metrics`` extra (``pip install 'awa-py[metrics]'``):
+without it, importing this module raises ``awa.errors.MissingExtra`` saying so.
 
 The metrics are awa's OpenTelemetry instruments, exported by the OpenTelemetry Prometheus
 exporter: ``install_prometheus()`` gives the process an SDK ``MeterProvider`` with a
@@ -30,16 +31,24 @@ from typing import Any, Protocol
 
 import psycopg
 from opentelemetry import metrics as otel_metrics
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
 from awa.errors import ValidationError
+from awa.extras import missing_extra
 from awa.observability.health import HealthCheck
 from awa.observability.metrics import sources
 from awa.observability.queue_samples import refresh_queue_samples
+
+try:
+    import uvicorn
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    from opentelemetry.sdk.metrics import MeterProvider
+    from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+except ImportError as error:
+    raise missing_extra("metrics", "awa.observability.endpoint") from error
 
 log = logging.getLogger("awa.observability")
 
@@ -60,9 +69,6 @@ def install_prometheus() -> bool:
     ``MeterProvider`` with a ``PrometheusMetricReader`` as the global one. Returns False
     (and changes nothing) when the application set an SDK ``MeterProvider`` already: give
     it a ``PrometheusMetricReader`` yourself then."""
-    from opentelemetry.exporter.prometheus import PrometheusMetricReader
-    from opentelemetry.sdk.metrics import MeterProvider
-
     if isinstance(otel_metrics.get_meter_provider(), MeterProvider):
         return False
     otel_metrics.set_meter_provider(MeterProvider(metric_readers=[PrometheusMetricReader()]))
@@ -155,8 +161,6 @@ class EndpointServer:
     worker (``awa worker --metrics-port``). Signals stay the worker's."""
 
     def __init__(self, client: EndpointClient, host: str, port: int) -> None:
-        import uvicorn
-
         class _Server(uvicorn.Server):
             @contextlib.contextmanager
             def capture_signals(self) -> Iterator[None]:

@@ -8,14 +8,20 @@
   (``awa.contrib.django.conf``).
 
 See docs/django.md. Names are imported on first use, so that importing the package needs
-neither configured settings nor the task API.
+neither configured settings nor the task API. Needs the ``django`` extra
+(``pip install 'awa-py[django]'``); without it, importing the package raises
+``awa.errors.MissingExtra`` saying so.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from awa.contrib.django.mapping import KIND, awa_priority
+from awa.extras import require_extra
+
+require_extra("django", "awa.contrib.django")
+
+from awa.contrib.django.mapping import KIND, awa_priority  # noqa: E402 - after the check
 
 if TYPE_CHECKING:
     from awa.contrib.django.backend import AwaTaskBackend
