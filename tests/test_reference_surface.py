@@ -308,8 +308,8 @@ except ImportError as error:
     )
     assert result.returncode == 0, result.stderr
     [line] = result.stdout.splitlines()  # one line
-    assert "awa[metrics]" in line
-    assert "pip install 'awa-py[metrics]'" in line
+    assert line.startswith("awa.init_telemetry() (")
+    assert "needs the OTLP export extra: pip install 'awa-py[otlp]'" in line
 
 
 # ── awa._awa and awa._trace ───────────────────────────────────────────

@@ -1,8 +1,8 @@
 """The optional features and the extra that installs each.
 
 ``pip install awa-py`` installs what inserting and working jobs needs. The embedded
-PostgreSQL server, the web UI, the metrics endpoint, the callback receiver, CEL expressions
-and the framework integrations need packages of their own, installed as extras
+PostgreSQL server, the web UI, the metrics endpoint, OTLP export, the callback receiver, CEL
+expressions and the framework integrations need packages of their own, installed as extras
 (``pip install 'awa-py[ui]'``, or ``awa-py[all]`` for everything). Each feature imports them
 when it is used, never at ``import awa``, and says which extra is missing through this
 module, the only place in the code that maps extras to packages (pyproject.toml lists
@@ -51,6 +51,17 @@ EXTRAS: dict[str, Extra] = {
                 "prometheus_client",
                 "starlette",
                 "uvicorn",
+            ),
+        ),
+        # awa.init_telemetry(): the SDK and the OTLP/gRPC exporters of metrics and spans.
+        Extra(
+            "otlp",
+            "OTLP export",
+            (
+                "opentelemetry.sdk.metrics",
+                "opentelemetry.sdk.trace",
+                "opentelemetry.exporter.otlp.proto.grpc.metric_exporter",
+                "opentelemetry.exporter.otlp.proto.grpc.trace_exporter",
             ),
         ),
         Extra("cel", "CEL", ("celpy",)),

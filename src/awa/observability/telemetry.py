@@ -6,8 +6,8 @@ OpenTelemetry's global providers. An application that configures its own SDK pro
 neither function. ``init_telemetry`` is for the others: it installs an SDK ``MeterProvider``
 with a periodic OTLP/gRPC exporter (and, with ``traces``, a ``TracerProvider`` exporting
 spans in batches) as the global providers. The SDK and the exporter are imported only here,
-so ``import awa`` never needs them; without them the call raises ImportError naming the
-extra that brings them.
+so ``import awa`` never needs them; without them the call raises ``awa.errors.MissingExtra``
+(an ImportError) naming the extra that brings them, ``otlp``.
 """
 
 from __future__ import annotations
@@ -18,11 +18,10 @@ import threading
 from typing import Any
 
 from awa.errors import ValidationError
+from awa.extras import missing_extra
 
 log = logging.getLogger("awa.telemetry")
 
-EXTRA = "awa[metrics]"
-INSTALL = "pip install 'awa-py[metrics]'"
 
 _lock = threading.Lock()
 _meter_provider: Any = None
@@ -30,13 +29,11 @@ _tracer_provider: Any = None
 
 
 def _import(module: str, package: str) -> Any:
+    """``module`` (a part of ``package``), or the one-line error naming the otlp extra."""
     try:
         return importlib.import_module(module)
     except ImportError as error:
-        raise ImportError(
-            f"awa.init_telemetry() needs {package}, which the extra {EXTRA} brings: {INSTALL}",
-            name=module,
-        ) from error
+        raise missing_extra("otlp", f"awa.init_telemetry() ({package})") from error
 
 
 def _check(
