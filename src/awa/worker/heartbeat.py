@@ -108,16 +108,19 @@ class Heartbeat:
                     self._progress_json(job, version)
                     for job, version in zip(chunk, versions, strict=True)
                 ]
-                conn.execute(
+                refreshed = conn.execute(
                     query("heartbeat"),
                     {
                         "ids": [job.id for job in chunk],
                         "leases": [job.run_lease for job in chunk],
                         "progress": progress,
                     },
-                )
+                ).fetchall()
+                # A row the beat skipped (locked meanwhile) keeps its progress for the next.
+                beaten = {row[0] for row in refreshed}
                 for job, version in zip(chunk, versions, strict=True):
-                    self._flushed_versions[job.id, job.run_lease] = version
+                    if job.id in beaten:
+                        self._flushed_versions[job.id, job.run_lease] = version
             self.beats += 1
             self._failures.succeeded()
         except psycopg.Error as error:

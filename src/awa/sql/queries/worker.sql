@@ -115,8 +115,8 @@ SELECT (SELECT count(*) FROM released) AS released, (SELECT count(*) FROM notifi
 
 -- name: complete_batch
 -- Completes many attempts in one statement: each running row moves from active_jobs to
--- done_jobs. The rows are found, and locked, in the order of the id index (slot by slot),
--- the order the heartbeat locks them in too, so the two cannot deadlock. Returns the attempts that were applied; the others were stale. outputs is
+-- done_jobs (the heartbeat skips the rows it holds, so the two cannot deadlock). Returns the
+-- attempts that were applied; the others were stale. outputs is
 -- NULL (no job of the batch recorded one) or one JSON value per id, NULL for the jobs
 -- without output. The rows are found by id (an index lookup, whatever the statistics: the
 -- state is compared as text so that no plan scans the partial index of running jobs,
@@ -314,16 +314,18 @@ RETURNING *
 
 -- name: heartbeat
 -- Refreshes heartbeat_at of this process's running attempts (and stores progress that
--- changed). Rows are locked in id order, like complete_batch, to avoid deadlocks. A beat
--- lost in a server crash costs nothing, so it does not wait for its WAL flush.
+-- changed); returns the ids it refreshed. A row another transaction holds is skipped, not
+-- waited for: it is being completed (complete_batch locks the slots one after the other, in
+-- no order a beat could share, so waiting could deadlock), moved by the rotation or
+-- changed by an operator, and the next beat refreshes it. A beat lost in a server crash
+-- costs nothing, so it does not wait for its WAL flush.
 WITH durability AS MATERIALIZED (
     SELECT set_config('synchronous_commit', 'off', true)
 ), locked AS (
     SELECT j.id FROM awa.active_jobs AS j, durability
     WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state::text = 'running'
       AND j.run_lease = (%(leases)s::bigint[])[array_position(%(ids)s::bigint[], j.id)]
-    ORDER BY j.id
-    FOR UPDATE OF j
+    FOR UPDATE OF j SKIP LOCKED
 )
 UPDATE awa.active_jobs AS j
 SET heartbeat_at = now(),
