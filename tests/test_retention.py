@@ -52,9 +52,9 @@ def counts(conn: Conn) -> dict[tuple[str, str], int]:
     return {(state, queue): n for state, queue, n in rows}
 
 
-def filenode(conn: Conn, slot: int) -> int:
-    """The file of a done slot: a truncation gives it a new one."""
-    row = conn.execute("SELECT pg_relation_filenode(%s)", (f"awa.done_jobs_{slot}",)).fetchone()
+def filenode(conn: Conn, slot: int, table: str = "done_jobs") -> int:
+    """The file of a done slot (or of its counts): a truncation gives it a new one."""
+    row = conn.execute("SELECT pg_relation_filenode(%s)", (f"awa.{table}_{slot}",)).fetchone()
     assert row is not None
     return int(row[0])
 
@@ -198,6 +198,7 @@ async def test_a_slot_of_completed_jobs_is_truncated_whole(database_url: str, co
     finished(conn, "completed", age=60, count=total)
     [(slot,)] = conn.execute("SELECT slot FROM awa.done_jobs GROUP BY slot").fetchall()
     before = filenode(conn, slot)
+    counts_before = filenode(conn, slot, "done_counts")
     # As if the ring had gone round: the slot holding them was sealed two days ago and
     # comes next, after a current slot that has been current long enough.
     conn.execute(
@@ -218,4 +219,7 @@ async def test_a_slot_of_completed_jobs_is_truncated_whole(database_url: str, co
     print(f"\nretention: {total} completed jobs left with their slot in {elapsed:.2f}s")
     assert done_slots(conn) == {}
     assert filenode(conn, slot) != before
+    # Its count rows went the same way, the dead rows of earlier folds with them.
+    assert filenode(conn, slot, "done_counts") != counts_before
+    assert conn.execute(f"SELECT count(*) FROM awa.done_counts_{slot}").fetchone() == (0,)
     assert conn.execute("SELECT awa.done_slot()").fetchone() == (slot,)

@@ -1595,7 +1595,8 @@ BEGIN
         RETURN NULL;  -- its jobs are not all past their retention yet
     END IF;
     BEGIN
-        EXECUTE format('LOCK TABLE awa.done_jobs_%s IN ACCESS EXCLUSIVE MODE', v_target);
+        EXECUTE format('LOCK TABLE awa.done_jobs_%s, awa.done_counts_%s IN ACCESS EXCLUSIVE MODE',
+                       v_target, v_target);
     EXCEPTION WHEN lock_not_available THEN
         RETURN NULL;
     END;
@@ -1606,12 +1607,11 @@ BEGIN
       AND r.completed_seconds > extract(epoch FROM p_retention)
       AND j.finalized_at > now() - make_interval(secs => r.completed_seconds);
     GET DIAGNOSTICS v_kept = ROW_COUNT;
-    DELETE FROM awa.done_counts AS c WHERE c.slot = v_target;
     EXECUTE format(
         'DELETE FROM awa.unique_keys AS k USING awa.done_jobs_%s AS d'
         ' WHERE d.unique_key IS NOT NULL AND k.unique_key = d.unique_key AND k.job_id = d.id',
         v_target);
-    EXECUTE format('TRUNCATE awa.done_jobs_%s', v_target);
+    EXECUTE format('TRUNCATE awa.done_jobs_%s, awa.done_counts_%s', v_target, v_target);
     UPDATE awa.storage_slots AS s SET sealed_at = now()
     WHERE s.ring = 'done' AND s.slot = v_current;
     UPDATE awa.storage_slots AS s SET opened_at = now(), sealed_at = NULL
@@ -1627,13 +1627,24 @@ $$;
 -- slot, queue and minute of finalized_at; a count sums these rows instead of reading every
 -- completed job. They are only ever inserted, so a long snapshot leaves no dead version in
 -- the completion's path; the leader folds each group of them into one row now and then
--- (awa.fold_done_counts), and a slot's rows go when the slot is truncated.
+-- (awa.fold_done_counts). Like done_jobs, they are partitioned by slot, and a slot's
+-- partition is truncated with it: the dead rows the folds leave go then, whatever snapshot
+-- is held and whether or not autovacuum runs.
 CREATE TABLE awa.done_counts (
     slot smallint NOT NULL,
     queue text NOT NULL,
     minute timestamptz NOT NULL,
     n bigint NOT NULL
-);
+) PARTITION BY LIST (slot);
+DO $$
+BEGIN
+    FOR s IN 0..7 LOOP
+        EXECUTE format(
+            'CREATE TABLE awa.done_counts_%s PARTITION OF awa.done_counts FOR VALUES IN (%s)',
+            s, s);
+    END LOOP;
+END
+$$;
 
 INSERT INTO awa.done_counts (slot, queue, minute, n)
 SELECT d.slot, d.queue, date_trunc('minute', coalesce(d.finalized_at, now())), count(*)

@@ -61,12 +61,13 @@ SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %(lsn)s::pg_lsn)
 -- Dead tuples by home (the rings' slots summed) and the other tables of the hot path.
 SELECT CASE WHEN relname LIKE 'active\_jobs\_%' THEN 'active_jobs'
             WHEN relname LIKE 'done\_jobs\_%' THEN 'done_jobs'
+            WHEN relname LIKE 'done\_counts\_%' THEN 'done_counts'
             ELSE relname END AS home,
        sum(n_dead_tup)::bigint AS dead
 FROM pg_stat_user_tables
 WHERE schemaname = 'awa'
-  AND (relname ~ '^(active_jobs|held_jobs|done_jobs)'
-       OR relname IN ('unique_keys', 'done_counts', 'queues', 'queue_limits', 'storage_slots',
+  AND (relname ~ '^(active_jobs|held_jobs|done_jobs|done_counts)'
+       OR relname IN ('unique_keys', 'queues', 'queue_limits', 'storage_slots',
                       'runtimes', 'queue_samples'))
 GROUP BY 1
 ORDER BY 1
@@ -76,13 +77,14 @@ ORDER BY 1
 -- the tables beside them that grow with traffic.
 SELECT CASE WHEN c.relname LIKE 'active\_jobs\_%' THEN 'active_jobs'
             WHEN c.relname LIKE 'done\_jobs\_%' THEN 'done_jobs'
+            WHEN c.relname LIKE 'done\_counts\_%' THEN 'done_counts'
             ELSE c.relname END AS home,
        sum(pg_table_size(c.oid))::bigint AS table_bytes,
        sum(pg_indexes_size(c.oid))::bigint AS index_bytes
 FROM pg_class c
 JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = 'awa' AND c.relkind = 'r'
-  AND (c.relname ~ '^(active_jobs|held_jobs|done_jobs)_?'
-       OR c.relname IN ('unique_keys', 'done_counts', 'queue_samples'))
+  AND (c.relname ~ '^(active_jobs|held_jobs|done_jobs|done_counts)_?'
+       OR c.relname IN ('unique_keys', 'queue_samples'))
 GROUP BY 1
 ORDER BY 1
