@@ -9,6 +9,7 @@ import dataclasses
 import uuid
 from collections.abc import AsyncIterator
 
+import fastapi
 import httpx
 import pytest
 from starlette.applications import Starlette
@@ -56,7 +57,6 @@ async def test_a_producer_only_lifespan(database_url: str) -> None:
 async def test_mount_serves_callbacks_and_the_ui_under_one_prefix(
     client: awa.AsyncClient, conn: Conn
 ) -> None:
-    fastapi = pytest.importorskip("fastapi")
     app = fastapi.FastAPI()
     mount(app, client, prefix="/ops/awa", allow_unsigned_callbacks=True)
     job = await client.insert(Ping(1))
@@ -75,7 +75,6 @@ async def test_mount_serves_callbacks_and_the_ui_under_one_prefix(
 
 
 async def test_without_a_callback_secret_no_receiver_is_mounted(client: awa.AsyncClient) -> None:
-    fastapi = pytest.importorskip("fastapi")
     app = fastapi.FastAPI()
     mount(app, client, prefix="/awa", read_only=True)
     transport = httpx.ASGITransport(app=app)

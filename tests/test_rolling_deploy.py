@@ -19,7 +19,7 @@ from awa.observability.queue_samples import refresh_queue_samples, store_queue_s
 from awa.ui import create_app
 from helpers_ui import browse, text
 from helpers_worker import start, wait_for
-from jobs_helpers import Conn
+from jobs_helpers import Conn, count_jobs
 
 QUEUE = "deploy"
 
@@ -32,12 +32,6 @@ class Resize:
 @dataclasses.dataclass
 class Thumbnail:
     n: int
-
-
-def count(conn: Conn, where: str) -> int:
-    row = conn.execute(f"SELECT count(*) FROM awa.jobs WHERE {where}").fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 def old_release(url: str, ran_by: dict[int, str], name: str = "old") -> awa.AsyncClient:
@@ -81,22 +75,23 @@ async def test_an_old_worker_leaves_a_new_kind_to_the_new_worker(
     try:
         await start(old, settings)
         # The old worker ran every Resize, passing over the Thumbnails without touching them.
-        await wait_for(lambda: count(conn, "kind = 'resize' AND state = 'completed'") == 20, 15)
+        resized = "kind = 'resize' AND state = 'completed'"
+        await wait_for(lambda: count_jobs(conn, resized) == 20, 15)
         untouched = "kind = 'thumbnail' AND state = 'available' AND attempt = 0"
-        assert count(conn, untouched) == 20
+        assert count_jobs(conn, untouched) == 20
         await start(new, settings)
         # Both release's workers run now; more of both kinds arrive.
         more = await new.insert_many(
             [Thumbnail(n) if n % 2 else Resize(n) for n in range(40)], queue=QUEUE
         )
         thumbnails |= {job.id for job in more if job.kind == "thumbnail"}
-        await wait_for(lambda: count(conn, "state = 'completed'") == 80, 20)
+        await wait_for(lambda: count_jobs(conn, "state = 'completed'") == 80, 20)
     finally:
         await old.close()
         await new.close()
     assert {ran_by[job_id] for job_id in thumbnails} == {"new"}
-    assert count(conn, "kind = 'thumbnail' AND attempt = 1 AND errors = '[]'") == 40
-    assert count(conn, "state <> 'completed'") == 0
+    assert count_jobs(conn, "kind = 'thumbnail' AND attempt = 1 AND errors = '[]'") == 40
+    assert count_jobs(conn, "state <> 'completed'") == 0
 
 
 async def test_health_metrics_and_the_ui_name_a_kind_no_worker_runs(
