@@ -15,7 +15,7 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
+from typing import Any
 
 import psycopg
 import pytest
@@ -25,6 +25,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 import awa
 import awa.testing
 from awa.bridge import insert_job_sync
+from helpers_worker import wait_for
 
 RUNTIME_START_KWARGS = {"poll_interval_ms": 50, "leader_election_interval_ms": 100}
 UNREACHABLE = "postgresql://postgres@127.0.0.1:1/postgres?connect_timeout=5"
@@ -40,14 +41,10 @@ class ConfigTestJob:
     value: str
 
 
-async def wait_until(predicate, timeout=10.0):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = await predicate()
-        if value:
-            return value
-        await asyncio.sleep(0.02)
-    raise AssertionError("condition not met in time")
+async def wait_until(predicate: Any, timeout: float = 10.0) -> Any:
+    """Until ``predicate`` (a coroutine function) returns something truthy (the shared
+    deadline helper, with the reference tests' default timeout)."""
+    return await wait_for(predicate, timeout, interval=0.02)
 
 
 def run_python(code: str, database_url: str | None = None) -> subprocess.CompletedProcess[str]:
