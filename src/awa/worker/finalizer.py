@@ -52,6 +52,13 @@ log = logging.getLogger("awa.worker")
 
 SUPERSEDED_ERROR = "cancelled: a newer job holds its unique key, so this one cannot run again"
 
+# The terminal failure of an attempt that returned WaitForCallback with a token it does not
+# hold (never registered, or replaced).
+UNREGISTERED_WAIT = (
+    "WaitForCallback returned without a registered callback: call "
+    "await job.register_callback() and return WaitForCallback(token)"
+)
+
 
 class _OutcomeCollision(Exception):
     """The transition would put the job into its unique mask while another job holds it."""
@@ -150,8 +157,13 @@ def transition_flow(
         # A token this attempt did not register last: never registered, replaced, or one
         # an earlier attempt used. (The park statement alone cannot tell the last from a
         # token resumed in an earlier attempt, whose payload is still in the metadata.)
-        params = {"id": job.id, "lease": job.run_lease, "progress": progress_param(job)}
-        row = yield Statement(query("fail_unregistered_wait"), params, _row)
+        params = {
+            "id": job.id,
+            "lease": job.run_lease,
+            "progress": progress_param(job),
+            "error": UNREGISTERED_WAIT,
+        }
+        row = yield Statement(query("fail_job_attempt"), params, _row)
     return row
 
 

@@ -59,25 +59,6 @@ CROSS JOIN LATERAL (
 UNION ALL
 SELECT * FROM parked
 
--- name: fail_unregistered_wait
--- WaitForCallback with a token this attempt does not hold (never registered, or replaced).
-WITH moved AS (
-    DELETE FROM awa.active_jobs AS j
-    WHERE j.id = %(id)s AND j.state::text = 'running' AND j.run_lease = %(lease)s
-    RETURNING j.*
-)
-INSERT INTO awa.held_jobs
-SELECT r.* FROM moved AS m
-CROSS JOIN LATERAL awa.as_held(to_jsonb(m) || jsonb_build_object(
-    'state', 'failed', 'finalized_at', now(), 'heartbeat_at', NULL, 'deadline_at', NULL,
-    'progress', COALESCE(%(progress)s::jsonb, m.progress),
-    'errors', m.errors || jsonb_build_array(jsonb_build_object(
-        'error', 'WaitForCallback returned without a registered callback: call '
-                 || 'await job.register_callback() and return WaitForCallback(token)',
-        'attempt', m.attempt, 'at', now(), 'terminal', true))
-)) AS r
-RETURNING *
-
 -- name: enter_callback_wait
 -- job.wait_for_callback(): the handler keeps its slot while the row shows waiting_external
 -- (moved to held_jobs).
