@@ -27,8 +27,8 @@ import psycopg
 from psycopg import sql
 
 import awa
-from awa.migrations import migrate_sync
 from awa.observability.queue_samples import store_queue_samples
+from awa.storage.migrations import migrate_sync
 from awa.ui import create_app
 
 SCRATCH = "awa_ui_pages"

@@ -16,7 +16,7 @@ import pytest
 from psycopg import sql
 
 import awa
-from awa.migrations import migrate_sync
+from awa.storage.migrations import migrate_sync
 
 LOCAL_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
 
@@ -29,7 +29,7 @@ def _server_url() -> str:
         with psycopg.connect(LOCAL_SERVER, connect_timeout=3):
             return LOCAL_SERVER
     except psycopg.OperationalError:
-        from awa.embedded import embedded_database_url
+        from awa.storage.embedded import embedded_database_url
 
         return embedded_database_url()
 

@@ -27,7 +27,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from awa.migrations import migrate_sync
+from awa.storage.migrations import migrate_sync
 
 
 def _bin_dir() -> Path | None:

@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from awa.embedded import stop_embedded_server
+from awa.storage.embedded import stop_embedded_server
 
 
 def env_without_database() -> dict[str, str]:

@@ -21,8 +21,8 @@ from psycopg.types.json import Jsonb
 
 import awa
 from awa.cli import CliError, client_from_context, json_option, main, print_json, print_table
-from awa.db import check_database_url, mask_password
 from awa.sql import current_version
+from awa.storage.db import check_database_url, mask_password
 
 UNREACHABLE = "postgresql://nobody@127.0.0.1:1/nowhere?connect_timeout=2"
 

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 import awa
 from awa.cli import main
-from awa.descriptors import Descriptor
+from awa.descriptors.operations import Descriptor
 from awa.ui import create_app
 from helpers_ui import browse, text
 from helpers_worker import queue, start, wait_for

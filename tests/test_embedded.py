@@ -18,9 +18,9 @@ import psycopg
 import pytest
 from click.testing import CliRunner, Result
 
-import awa.embedded
+import awa.storage.embedded
 from awa.cli import main
-from awa.embedded import DATA_DIR_ENV, SERVER_USER, embedded_database_url, embedded_status
+from awa.storage.embedded import DATA_DIR_ENV, SERVER_USER, embedded_database_url, embedded_status
 from helpers_embedded import env_without_database, throwaway_data_dir
 
 AWA = Path(sys.executable).with_name("awa")
@@ -204,9 +204,9 @@ def test_as_root_no_existing_directory_changes(
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.delenv("XDG_DATA_HOME", raising=False)
     monkeypatch.delenv(DATA_DIR_ENV, raising=False)
-    monkeypatch.setattr(awa.embedded, "ROOT_DATA_DIR", data_dir)
+    monkeypatch.setattr(awa.storage.embedded, "ROOT_DATA_DIR", data_dir)
     watched = chain(home) + chain(Path.home()) + chain(data_dir.parent.parent)
-    watched += chain(awa.embedded._package_install() / "bin")
+    watched += chain(awa.storage.embedded._package_install() / "bin")
     watched = sorted(set(watched))
     before = modes(watched)
 
@@ -270,7 +270,7 @@ def test_as_root_copies_binaries_the_server_user_cannot_reach(
     for part in awa.embedded._install_parts(installed):
         shutil.copytree(part, private / part.relative_to(site), symlinks=True)
     install = private / installed.relative_to(site)
-    monkeypatch.setattr(awa.embedded, "_package_install", lambda: install)
+    monkeypatch.setattr(awa.storage.embedded, "_package_install", lambda: install)
     monkeypatch.setenv(DATA_DIR_ENV, str(data_dir))
     before = modes(chain(private))
 

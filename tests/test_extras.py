@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from awa.core.extras import DISTRIBUTION, EXTRAS, missing_extra, require_extra
 from awa.errors import MissingExtra
-from awa.extras import DISTRIBUTION, EXTRAS, missing_extra, require_extra
 from helpers_embedded import env_without_database
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,7 +113,7 @@ def test_the_message_is_one_line_naming_the_extra_and_the_command() -> None:
 
 
 def test_extras_match_pyproject() -> None:
-    """awa.extras names only extras pyproject.toml declares; all holds every feature extra,
+    """awa.core.extras names only extras pyproject.toml declares; all holds every feature extra,
     dev holds all; the core holds none of the optional packages."""
     extras = PYPROJECT["optional-dependencies"]
     assert PYPROJECT["name"] == DISTRIBUTION

@@ -296,7 +296,8 @@ CHECKED = {
     "timeout_seconds": "",
     "submitted_by": "",
 }
-# Functions outside these tables: periodic schedules (awa.periodic) have their own checks.
+# Functions outside these tables: periodic schedules (awa.periodic.operations) have their own
+# checks.
 ELSEWHERE = {
     ("pause_cron_job", "*"),
     ("resume_cron_job", "*"),

@@ -21,7 +21,7 @@ import psycopg
 import pytest
 
 import awa
-from awa.workflows import Step
+from awa.workflows.operations import Step
 from helpers_hostile import (
     FLAGS,
     ID_LISTS,

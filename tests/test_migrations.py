@@ -13,8 +13,8 @@ import pytest
 from psycopg import sql
 
 import awa
-from awa.migrations import migration_script
 from awa.sql import current_version, migrations
+from awa.storage.migrations import migration_script
 from jobs_helpers import maybe_await
 
 

@@ -1,4 +1,4 @@
-"""Failures that repeat are logged once per episode (awa.worker.outage), and the runtime's
+"""Failures that repeat are logged once per episode (awa.core.outage), and the runtime's
 background services outlive unexpected errors: a maintenance duty that raises is retried
 while the other duties go on, and the heartbeat thread survives a beat that raises."""
 
@@ -11,10 +11,10 @@ from typing import Any
 import psycopg
 import pytest
 
+from awa.core.outage import FailureLog, quiet_pool_reconnect_errors
 from awa.job import Job
 from awa.worker.heartbeat import Heartbeat
 from awa.worker.maintenance import Duty, Maintenance
-from awa.worker.outage import FailureLog, quiet_pool_reconnect_errors
 from helpers_worker import wait_for
 
 LOG = logging.getLogger("awa.test.outage")

@@ -1,4 +1,4 @@
-"""``awa.partitioned_queue.PartitionedQueue``: one logical queue over several physical ones.
+"""``awa.producer.partitioned.PartitionedQueue``: one logical queue over several physical ones.
 
 Contract (the reference package's ``PartitionedQueue``): physical names ``q``, ``q__p1``...;
 keys routed by the reference's own hash, so awa and awa-pg producers send a key to the same
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import awa
-from awa.partitioned_queue import (
+from awa.producer.partitioned import (
     PartitionedQueue,
     ordering_key_hash64,
     partition_for_ordering_key,

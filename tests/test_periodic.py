@@ -18,8 +18,8 @@ from click.testing import CliRunner
 
 import awa
 from awa.cli import main
-from awa.db import connection_kwargs
-from awa.worker.cron import cron_duty
+from awa.periodic.duty import cron_duty
+from awa.storage.db import connection_kwargs
 from helpers_worker import queue, start, wait_for
 from jobs_helpers import Conn
 

@@ -24,9 +24,9 @@ from click.testing import CliRunner
 
 import awa
 from awa.cli import main
-from awa.db import connection_kwargs
+from awa.periodic.duty import cron_duty
+from awa.storage.db import connection_kwargs
 from awa.ui import create_app as create_ui_app
-from awa.worker.cron import cron_duty
 from helpers_lifecycle import Counters, metric_reader
 from helpers_ui import browse, text
 from helpers_worker import queue, start, wait_for

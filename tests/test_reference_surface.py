@@ -268,7 +268,7 @@ def test_init_telemetry_is_idempotent_and_exports_awa_metrics_and_spans() -> Non
         FAKE_EXPORTERS
         + """
 import awa
-from awa import tracing
+from awa.observability import tracing
 from awa.observability import metrics
 
 first = awa.init_telemetry("http://127.0.0.1:4317", "awa-test-idempotent", 60_000)

@@ -11,7 +11,7 @@ import zoneinfo
 import pytest
 
 import awa
-from awa.schedules import (
+from awa.periodic.schedules import (
     MAX_CATCH_UP,
     CronTimes,
     check_cron,

@@ -1,5 +1,5 @@
-"""Traces across jobs (``awa.tracing``): the scenario runs in a process of its own with an
-in-memory span exporter (tests/procs/trace_scenario.py); these tests read its spans."""
+"""Traces across jobs (``awa.observability.tracing``): the scenario runs in a process of its own
+with an in-memory span exporter (tests/procs/trace_scenario.py); these tests read its spans."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 import awa
-from awa.tracing import TRACEPARENT, with_traceparent
+from awa.observability.tracing import TRACEPARENT, with_traceparent
 from jobs_helpers import Conn
 
 SCENARIO = Path(__file__).parent / "procs" / "trace_scenario.py"
@@ -102,7 +102,7 @@ def test_a_callback_resolution_carries_the_resolvers_context(spans: list[Span]) 
 def test_the_traceparent_goes_into_the_metadata() -> None:
     assert with_traceparent("{}") == "{}"  # no active span
     # With an active span (a context carried by hand, as the worker does for follow-ups).
-    from awa.tracing import continuing
+    from awa.observability.tracing import continuing
 
     parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     with continuing(parent):

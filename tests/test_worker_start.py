@@ -11,7 +11,7 @@ import time
 import pytest
 
 import awa
-from awa.kinds import decoder_for
+from awa.core.kinds import decoder_for
 from helpers_worker import (
     FAST_RUNTIME,
     queue,

@@ -3,20 +3,20 @@
 Jobs are rows in Postgres, inserted inside your own transaction and run by asyncio workers.
 """
 
-from awa import admin, bridge, callback_contract, migrations
+from awa import admin, bridge, callback_contract
 from awa.admin import CronJob, HeldBack, QueueLimits, QueueStats
-from awa.batch_operations import (
+from awa.batch.operations import (
     BatchOperation,
     BatchOperationFilter,
     BatchOperationKind,
     BatchOperationPreview,
     BatchOperationState,
 )
-from awa.blocking_client import Client
 from awa.callbacks import ResolveResult
-from awa.client import AsyncClient
-from awa.descriptors import JobKindDescriptor, QueueDescriptor
-from awa.dlq import DlqEntry
+from awa.client import AsyncClient, Client, SyncTransaction, Transaction
+from awa.core.kinds import derive_kind
+from awa.descriptors.operations import JobKindDescriptor, QueueDescriptor
+from awa.dlq.operations import DlqEntry
 from awa.errors import (
     AwaError,
     CallbackNotFound,
@@ -28,9 +28,7 @@ from awa.errors import (
     UniqueConflict,
     ValidationError,
 )
-from awa.insert import MAX_ARGS_BYTES, MAX_METADATA_BYTES, InsertKwargs
 from awa.job import Job
-from awa.kinds import derive_kind
 from awa.lifecycle.events import (
     Cancelled,
     Completed,
@@ -49,7 +47,6 @@ from awa.lifecycle.staging import (
     MAX_STAGED_FOLLOW_UPS,
     StagedFollowUp,
 )
-from awa.migrations import current_migration_version, migrate, migrations_range
 from awa.model import (
     EnqueueRequest,
     InsertOpts,
@@ -60,12 +57,14 @@ from awa.model import (
 from awa.observability.health import HealthCheck
 from awa.observability.telemetry import init_telemetry, shutdown_telemetry
 from awa.outcomes import CallbackToken, Cancel, RetryAfter, Snooze, WaitForCallback
-from awa.partitioned_queue import PartitionedQueue
-from awa.transaction import SyncTransaction, Transaction
+from awa.producer.insert import MAX_ARGS_BYTES, MAX_METADATA_BYTES, InsertKwargs
+from awa.producer.partitioned import PartitionedQueue
+from awa.storage import migrations
+from awa.storage.migrations import current_migration_version, migrate, migrations_range
 from awa.version import __version__
 from awa.worker.config import QueueConfig, RetryPolicy, RuntimeConfig
-from awa.workflow_methods import WaitTimeout
-from awa.workflows import BatchRun, Step, Workflow, WorkflowInfo, WorkflowRun
+from awa.workflows.methods import WaitTimeout
+from awa.workflows.operations import BatchRun, Step, Workflow, WorkflowInfo, WorkflowRun
 
 QueueStat = QueueStats
 """The reference package's name of a ``queue_stats()`` entry (the same class)."""

@@ -1,7 +1,7 @@
 """The reference package's trace helpers under their names (``awa._trace``), for programs and
-tools that import them. awa's own tracing is ``awa.tracing``: producers capture the ambient
-span context under the same metadata key, and the worker runs each attempt in its job's
-trace, so nothing here is needed to get traces.
+tools that import them. awa's own tracing is ``awa.observability.tracing``: producers
+capture the ambient span context under the same metadata key, and the worker runs each
+attempt in its job's trace, so nothing here is needed to get traces.
 
 - ``TRACEPARENT_KEY``: the reserved metadata key, ``"awa:traceparent"``.
 - ``current_traceparent()``: the active span's W3C traceparent (None outside a span).
@@ -23,7 +23,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from awa.tracing import TRACEPARENT
+from awa.observability.tracing import TRACEPARENT
 
 TRACEPARENT_KEY = TRACEPARENT
 _CAPTURE_ENV = "AWA_TRACE_CAPTURE"

@@ -8,7 +8,7 @@ Each function takes a ``psycopg.Connection`` (and blocks) or a ``psycopg.AsyncCo
 
 They change rows only; they never fire lifecycle hooks or follow-up jobs. Actions that do not
 apply (an unknown id, a finished job) return None rather than raising (the batch operations,
-from ``awa.batch_operations``, raise ValidationError as the reference package's do).
+from ``awa.batch.operations``, raise ValidationError as the reference package's do).
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from awa.arguments import check_id, check_ids, check_limit, check_text, optional_name
-from awa.batch_operations import (
+from awa.batch.operations import (
     cancel_batch_operation,
     get_batch_operation,
     list_batch_operations,
@@ -33,14 +32,15 @@ from awa.callbacks import (
     resume_external,
     retry_external,
 )
-from awa.db import Flow, Statement, operation
-from awa.descriptors import (
+from awa.core.arguments import check_id, check_ids, check_limit, check_text, optional_name
+from awa.core.kinds import args_to_json_value, dump_json
+from awa.descriptors.operations import (
     JobKindDescriptor,
     QueueDescriptor,
     list_job_kind_descriptors,
     list_queue_descriptors,
 )
-from awa.dlq import (
+from awa.dlq.operations import (
     DlqEntry,
     bulk_move_failed_to_dlq,
     bulk_retry_from_dlq,
@@ -54,8 +54,6 @@ from awa.dlq import (
     retry_from_dlq,
 )
 from awa.errors import ValidationError
-from awa.insert import unique_key
-from awa.kinds import args_to_json_value, dump_json
 from awa.model import (
     BIGINT_MAX,
     JobRow,
@@ -65,7 +63,7 @@ from awa.model import (
     parse_state,
 )
 from awa.observability.queue_stats import HeldBack, QueueLimits, QueueStats, queue_stats
-from awa.periodic import (
+from awa.periodic.operations import (
     CronJob,
     delete_cron_job,
     list_cron_jobs,
@@ -73,7 +71,10 @@ from awa.periodic import (
     resume_cron_job,
     trigger_cron_job,
 )
+from awa.producer.insert import unique_key
 from awa.sql import query
+from awa.storage.db import Flow, Statement, operation
+from awa.storage.engine import flush_admin_metadata
 
 __all__ = [
     "CronJob",
@@ -189,7 +190,7 @@ def cancel_by_unique_key(
 
     Pass what the job's unique key covers: ``args`` unless it was inserted with
     ``by_args=False``, ``queue`` only if ``by_queue=True``, and for ``by_period`` the period
-    number (``awa.insert.period_bucket(period_seconds, run_at)``).
+    number (``awa.producer.insert.period_bucket(period_seconds, run_at)``).
     """
     check_name("kind", kind)
     optional_name("queue", queue)
@@ -261,19 +262,6 @@ def discard_failed(kind: str | None = None, *, ids: Sequence[int] | None = None)
         raise ValidationError("discard_failed() needs exactly one of kind or ids=")
     params = {"kind": check_name("kind", kind) if kind is not None else None, "ids": _job_ids(ids)}
     return Statement(query("discard_failed"), params, _count)
-
-
-def _nothing(rows: list[Any]) -> None:
-    return None
-
-
-@operation
-def flush_admin_metadata() -> Flow[None]:
-    """Bring the maintenance leader's admin caches up to date now: fold the count rows of
-    completed jobs and take a queue sample (``awa.queue_samples``, behind the queue gauges
-    and the UI's throughput), for when no leader runs. ``queue_stats`` counts live."""
-    yield Statement(query("fold_done_counts"), None, _nothing)
-    yield Statement(query("queue_samples_store"), None, _nothing)
 
 
 @operation

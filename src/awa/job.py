@@ -9,13 +9,13 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, Unpack
 
-from awa.db import Statement
 from awa.errors import CallbackWaitError, ValidationError
-from awa.insert import DEFAULT_RULES, InsertKwargs, InsertRules
 from awa.lifecycle import staging
 from awa.model import JobRow, JobState
+from awa.observability.tracing import TRACEPARENT
 from awa.outcomes import CallbackToken
-from awa.tracing import TRACEPARENT
+from awa.producer.insert import DEFAULT_RULES, InsertKwargs, InsertRules
+from awa.storage.db import Statement
 
 if TYPE_CHECKING:
     from awa.lifecycle.staging import AttemptBuffer, StagedFollowUp
@@ -335,7 +335,8 @@ class Job(Generic[A]):
 
     @property
     def traceparent(self) -> str | None:
-        """The W3C traceparent of the context the job was inserted in (``awa.tracing``)."""
+        """The W3C traceparent of the context the job was inserted in
+        (``awa.observability.tracing``)."""
         value = self._metadata.get(TRACEPARENT) if self._metadata else None
         return value if isinstance(value, str) else None
 

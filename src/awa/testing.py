@@ -28,17 +28,17 @@ from psycopg.rows import tuple_row
 
 from awa import admin, callbacks
 from awa.callbacks import cel
-from awa.db import Statement, run_async, translate_errors
+from awa.core.kinds import args_to_json_value, derive_kind
 from awa.errors import CallbackWaitError, ValidationError
-from awa.insert import DEFAULT_RULES, InsertKwargs, InsertRules
 from awa.job import CALLBACK_RESULT_KEY, Job
-from awa.kinds import args_to_json_value, derive_kind
 from awa.lifecycle.events import JobEvent, Started
 from awa.lifecycle.followups import FollowUpError
 from awa.lifecycle.hooks import is_async_callable
 from awa.model import JobRow, JobState, check_name
 from awa.outcomes import CallbackToken
+from awa.producer.insert import DEFAULT_RULES, InsertKwargs, InsertRules
 from awa.sql import query
+from awa.storage.db import Statement, run_async, translate_errors
 from awa.worker import results
 from awa.worker.completer import complete_batch_statement, progress_param
 from awa.worker.config import RetryPolicy
@@ -53,7 +53,7 @@ from awa.worker.maintenance import promotion_duty
 from awa.worker.registry import Task
 
 if TYPE_CHECKING:
-    from awa.client import AsyncClient
+    from awa.client.asyncio_client import AsyncClient
 
 __all__ = ["AwaTestClient", "HandlerJob", "NoJob", "RegisteredCallback", "WorkResult"]
 

@@ -19,8 +19,8 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
-from awa.client import AsyncClient
-from awa.db import resolve_database_url
+from awa.client.asyncio_client import AsyncClient
+from awa.storage.db import resolve_database_url
 from awa.testing import AwaTestClient
 
 

@@ -34,7 +34,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import awa
-from awa.migrations import current_migration_version
+from awa.storage.migrations import current_migration_version
 
 HERE = Path(__file__).resolve().parent
 MANIFEST = json.loads((HERE / "adapter.json").read_text())

@@ -20,9 +20,9 @@ import math
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal
 
+from awa.core.extras import require_extra
+from awa.core.kinds import dump_json
 from awa.errors import ValidationError
-from awa.extras import require_extra
-from awa.kinds import dump_json
 
 if TYPE_CHECKING:
     import celpy

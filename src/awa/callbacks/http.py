@@ -26,7 +26,7 @@ refused. ``sign_request`` builds the headers. Resolutions go through the given
 ``AsyncClient``: its lifecycle hooks and follow-ups fire as for a call in your code.
 
 With ``contract_secret`` (32 bytes) the app also serves the reference package's contract
-(``awa.callback_contract``), for its HTTP workers and the functions written for them::
+(``awa.callbacks.contract``), for its HTTP workers and the functions written for them::
 
     /api/callbacks/{id}/complete   {"payload": ...}
     /api/callbacks/{id}/fail       {"error": "text" (required)}
@@ -46,11 +46,11 @@ from typing import Any
 
 import orjson
 
-from awa import callback_contract
 from awa.callbacks import ResolveResult, callback_uuid
+from awa.callbacks import contract as callback_contract
 from awa.callbacks.resolution import CallbackResolution
+from awa.core.extras import missing_extra
 from awa.errors import CallbackNotFound, DatabaseError, ValidationError
-from awa.extras import missing_extra
 from awa.lifecycle.followups import FollowUpError
 from awa.model import JobRow
 
@@ -469,7 +469,7 @@ def create_app(
     both, unsigned requests pass and signed ones must be valid. The client is not closed
     by the app: close it when your app shuts down.
 
-    ``contract_secret`` (32 bytes, ``awa.callback_contract.parse_secret`` reads the hex
+    ``contract_secret`` (32 bytes, ``awa.callbacks.contract.parse_secret`` reads the hex
     form) adds the reference's routes under ``contract_prefix``, every request signed with
     it; given alone, without ``secret`` or ``allow_unsigned``, the app serves those routes
     only. The two prefixes must differ.

@@ -15,14 +15,15 @@ from typing import Any
 
 import psycopg
 
-from awa import callbacks, tracing
-from awa.db import Flow, drive_async
+from awa import callbacks
 from awa.lifecycle.dependents import fire_cancelled_dependents, may_have_cancelled_dependents
 from awa.lifecycle.events import Completed, Exhausted, JobEvent, Retried
 from awa.lifecycle.followups import FollowUpRegistry, Trigger, TriggerContext, insert_follow_ups
 from awa.lifecycle.hooks import HookDispatcher
 from awa.model import JobRow
+from awa.observability import tracing
 from awa.outcomes import CallbackToken
+from awa.storage.db import Flow, drive_async
 
 CallbackId = str | uuid.UUID | CallbackToken
 

@@ -13,12 +13,12 @@ import uuid
 from typing import Any, Literal
 
 from awa.callbacks import cel
-from awa.db import Flow, Statement, operation
+from awa.core.kinds import dump_json
 from awa.errors import CallbackNotFound, ValidationError
-from awa.kinds import dump_json
 from awa.model import BIGINT_MAX, JobRow, MappingAccess, check_encodable, check_int_range
 from awa.outcomes import CallbackToken
 from awa.sql import query
+from awa.storage.db import Flow, Statement, operation
 
 DEFAULT_TIMEOUT = 3600.0
 DefaultAction = Literal["complete", "fail", "ignore"]

@@ -11,10 +11,10 @@ from typing import Any
 
 from awa.callbacks import cel
 from awa.callbacks.resolve import check_timeout
-from awa.db import Statement
 from awa.errors import CallbackWaitError
 from awa.outcomes import CallbackToken
 from awa.sql import query
+from awa.storage.db import Statement
 
 
 def register_statement(

@@ -2,19 +2,20 @@
 
 ``awa.cli.group`` holds the click group ``main`` and the helpers command modules share; each
 command group lives in a module of its own (``jobs``, ``queues``, ``db``, ``callbacks``,
-``cron``, ``health``, ``worker``, ``ui``, ``bench``, ``demo``) that imports only ``awa.cli.group``.
+``periodic``, ``dlq``, ``health``, ``worker``, ``workflows``, ``ui``, ``bench``, ``demo``) that
+imports only ``awa.cli.group``.
 Importing this package assembles them: ``awa.cli.main`` is the whole command.
 """
 
 from awa.cli import (  # noqa: F401 - each module adds its commands to ``main``
     bench,
     callbacks,
-    cron,
     db,
     demo,
     dlq,
     health,
     jobs,
+    periodic,
     queues,
     ui,
     worker,

@@ -34,10 +34,10 @@ from awa.cli.bench_drain import DRAIN_VARIANTS, SDK_VARIANTS, Noop, Result, benc
 from awa.cli.bench_pinned import PinnedHorizonOptions, bench_drain_pinned, bench_pinned_horizon
 from awa.cli.bench_soak import SoakOptions, bench_soak
 from awa.cli.group import database_url_from_context, json_option, main, print_json, print_table
-from awa.db import connection_kwargs, redact, resolve_database_url
+from awa.core.extras import has_extra, missing_extra, require_extra
 from awa.errors import ValidationError
-from awa.extras import has_extra, missing_extra, require_extra
 from awa.sql import query
+from awa.storage.db import connection_kwargs, redact, resolve_database_url
 from awa.worker.lanes import LanePositions, claim_statement
 
 SCRATCH_MARK = "awa bench scratch database"

@@ -16,7 +16,7 @@
 - ``drain-otel``: ``drain`` in a process with the OpenTelemetry SDK configured: a
   ``MeterProvider`` with the Prometheus reader (scraped once at the end) and a
   ``TracerProvider`` whose batch processor exports every span (to a sink). The jobs are
-  inserted outside any trace, so their attempts start no spans (``awa.tracing``).
+  inserted outside any trace, so their attempts start no spans (``awa.observability.tracing``).
 - ``drain-otel-traced``: the same with every job inserted inside a span: each attempt is
   a span of that trace.
 - ``drain-chain``: the jobs form 1,000 chains (each job depends on the one before it in its

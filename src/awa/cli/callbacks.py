@@ -16,8 +16,8 @@ from typing import Any
 import click
 
 import awa
-from awa import callback_contract
 from awa.callbacks import DEFAULT_TIMEOUT, DefaultAction, ResolveResult
+from awa.callbacks import contract as callback_contract
 from awa.cli.group import (
     RUN_LEASE,
     SECONDS,
@@ -30,7 +30,7 @@ from awa.cli.group import (
     pass_client,
     print_json,
 )
-from awa.extras import require_extra
+from awa.core.extras import require_extra
 from awa.model import JobRow
 
 # awa callback ... ---------------------------------------------------------------------------

@@ -17,11 +17,11 @@ from awa.cli.group import (
     main,
     print_json,
 )
-from awa.db import mask_password
-from awa.embedded import embedded_status, stop_embedded_server
-from awa.extras import require_extra
-from awa.migrations import migration_script
+from awa.core.extras import require_extra
 from awa.sql import current_version
+from awa.storage.db import mask_password
+from awa.storage.embedded import embedded_status, stop_embedded_server
+from awa.storage.migrations import migration_script
 
 
 @main.command()

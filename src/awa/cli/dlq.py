@@ -26,7 +26,7 @@ from awa.cli.group import (
     print_table,
     to_jsonable,
 )
-from awa.dlq import DlqEntry
+from awa.dlq.operations import DlqEntry
 
 
 @main.group()

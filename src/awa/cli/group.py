@@ -43,10 +43,10 @@ from rich.table import Table
 from rich.text import Text
 
 import awa
-from awa.arguments import check_seconds, check_text
-from awa.db import check_database_url
+from awa.core.arguments import check_seconds, check_text
 from awa.errors import AwaError, ValidationError
 from awa.model import BIGINT_MAX, MAX_LIST_LIMIT, JobState, check_name, check_tags
+from awa.storage.db import check_database_url
 
 __all__ = [
     "JOB_ID",

@@ -9,10 +9,10 @@ import click
 import psycopg
 
 from awa.cli.group import database_url_from_context, fail, main
-from awa.db import drive_sync, resolve_database_url
+from awa.core.extras import require_extra
 from awa.errors import ValidationError
-from awa.extras import require_extra
-from awa.migrations import check_version, schema_version_flow
+from awa.storage.db import drive_sync, resolve_database_url
+from awa.storage.migrations import check_version, schema_version_flow
 
 AUTH_HELP = (
     "Require credentials, read from the environment variable of this name: 'user:password' "

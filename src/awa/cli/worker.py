@@ -19,7 +19,7 @@ import click
 
 import awa
 from awa.cli.group import CliError, database_url_from_context, load_client, main
-from awa.extras import require_extra
+from awa.core.extras import require_extra
 from awa.observability.log_format import configure as configure_logging
 from awa.worker import settings as worker_settings
 from awa.worker.config import RuntimeConfig

@@ -5,7 +5,7 @@ receiver under a prefix. Both frameworks take the same lifespan and ``mount``.
     app = FastAPI(lifespan=awa.contrib.fastapi.lifespan(client, {"email": 4}))
     awa.contrib.fastapi.mount(app, client, prefix="/awa", callback_secret=SECRET)
 
-Inside a request, insert with the application's own transaction through ``awa.bridge``
+Inside a request, insert with the application's own transaction through ``awa.producer.bridge``
 (``await awa.bridge.insert_job(session, args, client=client)``): the job exists if the
 request's transaction commits, and never did if it rolls back.
 
@@ -20,10 +20,10 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
-from awa.arguments import check_flag, check_seconds
-from awa.client import AsyncClient, QueuesSpec
+from awa.client.asyncio_client import AsyncClient, QueuesSpec
+from awa.core.arguments import check_flag, check_seconds
+from awa.core.extras import missing_extra
 from awa.errors import MissingExtra, ValidationError
-from awa.extras import missing_extra
 
 try:
     from awa.callbacks.http import Secret

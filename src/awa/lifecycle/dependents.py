@@ -15,12 +15,12 @@ from typing import Any
 
 import psycopg
 
-from awa.db import Statement, run_async
 from awa.errors import AwaError
 from awa.lifecycle.events import Cancelled
 from awa.lifecycle.hooks import HookDispatcher
 from awa.model import JobRow, JobState
 from awa.sql import query
+from awa.storage.db import Statement, run_async
 
 log = logging.getLogger("awa.hooks")
 

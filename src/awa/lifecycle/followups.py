@@ -21,9 +21,13 @@ from typing import Any
 
 import psycopg
 
-from awa.db import Flow, drive_async
+from awa.core.kinds import decode_args
 from awa.errors import AwaError
-from awa.insert import (
+from awa.lifecycle.events import RescueReason
+from awa.lifecycle.hooks import is_async_callable
+from awa.model import EnqueueRequest, InsertOpts, JobRow, check_name
+from awa.observability import metrics
+from awa.producer.insert import (
     DEFAULT_RULES,
     InsertRules,
     PreparedJob,
@@ -32,11 +36,7 @@ from awa.insert import (
     prepare_job,
     with_lineage,
 )
-from awa.kinds import decode_args
-from awa.lifecycle.events import RescueReason
-from awa.lifecycle.hooks import is_async_callable
-from awa.model import EnqueueRequest, InsertOpts, JobRow, check_name
-from awa.observability import metrics
+from awa.storage.db import Flow, drive_async
 
 log = logging.getLogger("awa.followups")
 

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from awa.kinds import decode_args, derive_kind
+from awa.core.kinds import decode_args, derive_kind
 from awa.lifecycle.events import JobEvent
 from awa.model import check_name
 

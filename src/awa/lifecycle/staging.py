@@ -23,10 +23,10 @@ import orjson
 import pydantic
 import pydantic_core
 
+from awa.core.kinds import dump_json
 from awa.errors import StagingError, ValidationError
-from awa.insert import InsertRules, PreparedJob, prepare_job, split_kwargs, with_lineage
-from awa.kinds import dump_json
 from awa.model import InsertOpts
+from awa.producer.insert import InsertRules, PreparedJob, prepare_job, split_kwargs, with_lineage
 
 MAX_STAGED_FOLLOW_UPS = 16
 """Follow-ups one attempt may stage."""

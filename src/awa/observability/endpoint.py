@@ -32,8 +32,8 @@ from typing import Any, Protocol
 import psycopg
 from opentelemetry import metrics as otel_metrics
 
+from awa.core.extras import missing_extra
 from awa.errors import ValidationError
-from awa.extras import missing_extra
 from awa.observability.health import HealthCheck
 from awa.observability.metrics import sources
 from awa.observability.queue_samples import refresh_queue_samples

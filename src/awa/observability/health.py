@@ -17,11 +17,11 @@ import datetime as dt
 import uuid
 from typing import Any, Literal
 
-from awa.db import Flow, Statement
-from awa.migrations import schema_version_flow
 from awa.model import MappingAccess
 from awa.observability.queue_stats import QueueStats, decode_queue_stats
 from awa.sql import current_version, query
+from awa.storage.db import Flow, Statement
+from awa.storage.migrations import schema_version_flow
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

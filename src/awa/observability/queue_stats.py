@@ -7,9 +7,9 @@ import dataclasses
 import datetime as dt
 from typing import Any
 
-from awa.db import Statement, operation
 from awa.model import JobState, MappingAccess, parse_state
 from awa.sql import query
+from awa.storage.db import Statement, operation
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

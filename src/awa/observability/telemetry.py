@@ -1,13 +1,14 @@
 """``awa.init_telemetry()`` / ``awa.shutdown_telemetry()``: OTLP export of awa's metrics and
 traces in one call, as the reference package offers it.
 
-awa's instruments (``awa.observability.metrics``) and spans (``awa.tracing``) report to
-OpenTelemetry's global providers. An application that configures its own SDK providers needs
-neither function. ``init_telemetry`` is for the others: it installs an SDK ``MeterProvider``
-with a periodic OTLP/gRPC exporter (and, with ``traces``, a ``TracerProvider`` exporting
-spans in batches) as the global providers. The SDK and the exporter are imported only here,
-so ``import awa`` never needs them; without them the call raises ``awa.errors.MissingExtra``
-(an ImportError) naming the extra that brings them, ``otlp``.
+awa's instruments (``awa.observability.metrics``) and spans (``awa.observability.tracing``)
+report to OpenTelemetry's global providers. An application that configures its own SDK
+providers needs neither function. ``init_telemetry`` is for the others: it installs an SDK
+``MeterProvider`` with a periodic OTLP/gRPC exporter (and, with ``traces``, a
+``TracerProvider`` exporting spans in batches) as the global providers. The SDK and the
+exporter are imported only here, so ``import awa`` never needs them; without them the call
+raises ``awa.errors.MissingExtra`` (an ImportError) naming the extra that brings them,
+``otlp``.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import logging
 import threading
 from typing import Any
 
+from awa.core.extras import missing_extra
 from awa.errors import ValidationError
-from awa.extras import missing_extra
 
 log = logging.getLogger("awa.telemetry")
 

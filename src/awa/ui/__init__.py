@@ -2,7 +2,7 @@
 Needs the ``ui`` extra (``pip install 'awa-py[ui]'``); without it, importing this package
 raises ``awa.errors.MissingExtra`` saying so."""
 
-from awa.extras import require_extra
+from awa.core.extras import require_extra
 
 require_extra("ui", "awa.ui", ("starlette", "jinja2", "python_multipart"))
 

@@ -19,15 +19,15 @@ from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from awa import admin
-from awa.db import run_async
 from awa.errors import AwaError, ValidationError
 from awa.model import JobState
+from awa.storage.db import run_async
 from awa.ui import reads
 from awa.ui.context import ui_of
 from awa.ui.links import back_to, path_for
 from awa.ui.params import BadRequest, job_filter, job_id, job_ids, required, shown
 from awa.ui.security import CSRF_FIELD, csrf_valid, flash
-from awa.workflows import cancel_workflow_statement, workflow_id
+from awa.workflows.operations import cancel_workflow_statement, workflow_id
 
 MAX_BULK = 10_000
 """Jobs one bulk action moves at most (press again for the rest)."""

@@ -9,7 +9,7 @@ from starlette.applications import Starlette
 from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
 
-from awa.client import AsyncClient
+from awa.client.asyncio_client import AsyncClient
 from awa.ui import actions, pages
 from awa.ui.context import Ui, templates
 from awa.ui.security import (

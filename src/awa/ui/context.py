@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.templating import Jinja2Templates
 
-from awa.client import AsyncClient
+from awa.client.asyncio_client import AsyncClient
 from awa.ui.links import path_for
 from awa.ui.security import clear_flash, csrf_token, pending_flash, remember_csrf
 

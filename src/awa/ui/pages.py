@@ -12,15 +12,15 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from awa import admin
-from awa.db import run_async
 from awa.errors import DatabaseError, ValidationError
 from awa.model import JobState
+from awa.storage.db import run_async
 from awa.ui import reads, values
 from awa.ui.context import ui_of
 from awa.ui.links import path_for
 from awa.ui.params import BadRequest, job_filter, shown
 from awa.ui.params import job_id as parse_job_id
-from awa.workflows import WorkflowInfo, get_workflow_statement, workflow_id
+from awa.workflows.operations import WorkflowInfo, get_workflow_statement, workflow_id
 
 
 async def overview(request: Request) -> Response:

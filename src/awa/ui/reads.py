@@ -12,10 +12,10 @@ from typing import Any
 
 import psycopg
 
-from awa.db import Statement, run_async
 from awa.model import JobState
 from awa.observability.queue_samples import store_queue_samples
 from awa.sql import query
+from awa.storage.db import Statement, run_async
 
 PAGE_SIZE = 50
 SEARCH_WINDOW = 100_000

@@ -10,9 +10,9 @@ import json
 import uuid
 from typing import Any
 
-from awa.insert import LINEAGE
 from awa.model import JobRow, JobState
-from awa.workflows import WORKFLOW
+from awa.producer.insert import LINEAGE
+from awa.workflows.operations import WORKFLOW
 
 BIGINT_MAX = 2**63 - 1
 

@@ -19,14 +19,14 @@ from typing import Any
 
 import psycopg
 
-from awa.db import Statement, run_async
+from awa.core.outage import FailureLog, one_line
 from awa.errors import DatabaseError
 from awa.job import Job
 from awa.lifecycle.staging import output_json
 from awa.model import JobRow, JobState
 from awa.sql import query
+from awa.storage.db import Statement, run_async
 from awa.worker.config import RetryPolicy
-from awa.worker.outage import FailureLog, one_line
 from awa.worker.results import (
     Cancelled,
     Completed,

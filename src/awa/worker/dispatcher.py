@@ -21,11 +21,11 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from awa.core.outage import FailureLog
 from awa.errors import AwaError
 from awa.job import Job
 from awa.worker.config import QueueConfig
 from awa.worker.lanes import LanePositions
-from awa.worker.outage import FailureLog
 from awa.worker.weighted_pool import WeightedPool
 
 log = logging.getLogger("awa.worker")

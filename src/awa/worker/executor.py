@@ -11,12 +11,11 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
-from awa import tracing
+from awa.core.kinds import decode_args
 from awa.errors import TerminalError
 from awa.job import Job
-from awa.kinds import decode_args
 from awa.lifecycle import staging
-from awa.observability import metrics
+from awa.observability import metrics, tracing
 from awa.outcomes import OUTCOME_TYPES, Cancel, RetryAfter, Snooze, WaitForCallback
 from awa.worker.registry import Task
 from awa.worker.results import (
@@ -88,7 +87,7 @@ async def run_attempt(
     on_start: Callable[[], None] | None = None,
 ) -> Outcome:
     """Run the handler for ``job`` and return its outcome (never raises for handler errors),
-    in the attempt's consumer span when tracing is configured (``awa.tracing``)."""
+    in the attempt's consumer span when tracing is configured (``awa.observability.tracing``)."""
     traced = tracing.start_attempt(job.id, job.kind, job.queue, job.attempt, job._metadata)
     if traced is None:
         return await _attempt(job, task, threads, shutting_down, on_start)

@@ -20,10 +20,7 @@ from typing import Any
 
 import psycopg
 
-from awa import tracing
-from awa.db import Flow, Statement, drive_async, run_async
 from awa.errors import DatabaseError, SchemaNotMigrated, UniqueConflict
-from awa.insert import SkippingInsert
 from awa.job import Job
 from awa.lifecycle.events import (
     Cancelled,
@@ -42,8 +39,10 @@ from awa.lifecycle.followups import (
     insert_follow_ups,
 )
 from awa.model import JobRow, JobState
-from awa.observability import metrics
+from awa.observability import metrics, tracing
+from awa.producer.insert import SkippingInsert
 from awa.sql import query
+from awa.storage.db import Flow, Statement, drive_async, run_async
 from awa.worker import results
 from awa.worker.completer import outcome_statement, progress_param
 from awa.worker.config import RetryPolicy

@@ -35,11 +35,7 @@ from typing import Any
 
 import psycopg
 
-from awa import tracing
-from awa.bulk_copy import copy_prepared_flow
-from awa.db import Flow, drive_async, run_async
 from awa.errors import DatabaseError, SchemaNotMigrated, UniqueConflict
-from awa.insert import PreparedJob
 from awa.job import Job
 from awa.lifecycle.followups import (
     FollowUpError,
@@ -50,7 +46,11 @@ from awa.lifecycle.followups import (
     prepare_follow_ups,
 )
 from awa.model import JobRow
+from awa.observability import tracing
+from awa.producer.copy import copy_prepared_flow
+from awa.producer.insert import PreparedJob
 from awa.sql import query
+from awa.storage.db import Flow, drive_async, run_async
 from awa.worker import results
 from awa.worker.completer import (
     Done,

@@ -15,10 +15,10 @@ from typing import Any
 
 import psycopg
 
-from awa.db import connection_kwargs
+from awa.core.outage import FailureLog
 from awa.job import Job
 from awa.sql import query
-from awa.worker.outage import FailureLog
+from awa.storage.db import connection_kwargs
 from awa.worker.presence import Presence
 
 log = logging.getLogger("awa.worker")

@@ -19,12 +19,12 @@ from typing import Any
 import psycopg
 from psycopg.rows import tuple_row
 
-from awa.db import run_async
-from awa.dlq import store_settings_statement
+from awa.core.duty import Duty
+from awa.dlq.operations import store_settings_statement
 from awa.sql import query
+from awa.storage.db import run_async
 from awa.worker.config import QueueConfig
 from awa.worker.lanes import LanePositions, claim_statement
-from awa.worker.maintenance import Duty
 
 log = logging.getLogger("awa.worker")
 

@@ -19,10 +19,10 @@ from typing import Any
 
 import psycopg
 
-from awa.db import connection_kwargs
+from awa.core.outage import FailureLog
 from awa.sql import query
+from awa.storage.db import connection_kwargs
 from awa.worker.lanes import parse_ready
-from awa.worker.outage import FailureLog
 
 log = logging.getLogger("awa.worker")
 

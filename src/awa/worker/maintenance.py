@@ -9,32 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from awa.db import connection_kwargs
+from awa.core.duty import Duty
+from awa.core.outage import FailureLog, one_line
 from awa.sql import query
-from awa.worker.outage import FailureLog, one_line
+from awa.storage.db import connection_kwargs
 
 log = logging.getLogger("awa.maintenance")
-
-
-@dataclasses.dataclass(slots=True)
-class Duty:
-    """A periodic task of the leader, run on the leader's connection."""
-
-    name: str
-    interval: float
-    run: Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]]
-    next_at: float = 0.0
-    failures: FailureLog | None = None
 
 
 class Maintenance:

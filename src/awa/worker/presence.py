@@ -19,8 +19,8 @@ from typing import Any
 import orjson
 import psycopg
 
-from awa.db import Statement
 from awa.sql import query
+from awa.storage.db import Statement
 from awa.version import __version__
 from awa.worker.config import QueueConfig
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import psycopg
 
+from awa.core.duty import Duty
 from awa.observability.queue_samples import store_queue_samples
-from awa.worker.maintenance import Duty
 
 # The share of time the leader may spend counting: the interval is at least this many
 # times the last count's duration.

@@ -6,11 +6,11 @@ import dataclasses
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from awa.core.kinds import derive_kind
 from awa.errors import ValidationError
-from awa.insert import TaskDefaults
-from awa.kinds import derive_kind
 from awa.lifecycle.hooks import is_async_callable
 from awa.model import check_name
+from awa.producer.insert import TaskDefaults
 from awa.worker.config import RetryPolicy
 
 
@@ -32,7 +32,7 @@ class TaskRegistry:
         self._tasks: dict[str, Task] = {}
         self.routes: dict[str, str] = {}
         """kind -> the queue its task was registered on: where inserts without ``queue=``
-        send it (``awa.insert.InsertRules.routes``)."""
+        send it (``awa.producer.insert.InsertRules.routes``)."""
         self.defaults: dict[str, TaskDefaults] = {}
         """kind -> the insert options its task sets (``InsertRules.defaults``)."""
 

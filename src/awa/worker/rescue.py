@@ -22,15 +22,14 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from awa import tracing
+from awa.core.duty import Duty
 from awa.lifecycle import events
 from awa.lifecycle.events import RescueReason
 from awa.lifecycle.followups import FollowUpRegistry, Trigger, TriggerContext, insert_follow_ups
 from awa.lifecycle.hooks import HookDispatcher
 from awa.model import JobRow
-from awa.observability import metrics
+from awa.observability import metrics, tracing
 from awa.sql import query
-from awa.worker.maintenance import Duty
 from awa.worker.storage_ring import rotate_done_ring
 
 log = logging.getLogger("awa.maintenance")

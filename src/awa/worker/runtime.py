@@ -17,11 +17,10 @@ from typing import Any, Protocol, TypeVar, cast
 
 import psycopg
 
-from awa.db import Statement, run_async, translate_errors
+from awa.core.kinds import decoder_for
+from awa.core.outage import FailureLog, quiet_pool_reconnect_errors
 from awa.errors import AwaError, DatabaseError
-from awa.insert import InsertRules
 from awa.job import Job
-from awa.kinds import decoder_for
 from awa.lifecycle.dependents import fire_cancelled_dependents, may_have_cancelled_dependents
 from awa.lifecycle.events import Completed, JobEvent, Started
 from awa.lifecycle.followups import (
@@ -33,7 +32,9 @@ from awa.model import JobState
 from awa.observability import metrics
 from awa.observability.health import RuntimeHealth
 from awa.observability.queue_samples import keep_queue_samples
+from awa.producer.insert import InsertRules
 from awa.sql import query
+from awa.storage.db import Statement, run_async, translate_errors
 from awa.worker import limits, results
 from awa.worker.attempts import InFlight
 from awa.worker.completer import CLOSE_TIMEOUT, CompletionBatcher, Done, completed_row
@@ -54,7 +55,6 @@ from awa.worker.listener import Listener
 from awa.worker.maintenance import (
     Maintenance,
 )
-from awa.worker.outage import FailureLog, quiet_pool_reconnect_errors
 from awa.worker.outcome_log import count_outcome, job_fields, log_outcome
 from awa.worker.presence import Presence
 from awa.worker.registry import TaskRegistry

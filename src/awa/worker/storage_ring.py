@@ -16,8 +16,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from awa.core.duty import Duty
 from awa.sql import query
-from awa.worker.maintenance import Duty
 
 log = logging.getLogger("awa.maintenance")
 

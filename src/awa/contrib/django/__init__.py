@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from awa.extras import require_extra
+from awa.core.extras import require_extra
 
 require_extra("django", "awa.contrib.django")
 

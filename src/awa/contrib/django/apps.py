@@ -50,7 +50,7 @@ def migrate_schema(using: str, verbosity: int = 1, **kwargs: Any) -> None:
     import psycopg
 
     from awa.contrib.django import conf
-    from awa.migrations import migrate_sync
+    from awa.storage.migrations import migrate_sync
 
     settings = conf.load()
     if not settings.migrate or settings.database != using:

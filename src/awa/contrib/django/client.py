@@ -14,7 +14,7 @@ from typing import Any
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 
-from awa.client import AsyncClient
+from awa.client.asyncio_client import AsyncClient
 from awa.contrib.django import conf
 from awa.contrib.django.mapping import KIND
 from awa.job import Job

@@ -31,9 +31,9 @@ import psycopg
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from awa.db import check_database_url
 from awa.errors import ValidationError
 from awa.model import MAX_DURATION
+from awa.storage.db import check_database_url
 from awa.worker.config import RuntimeConfig, parse_queues
 
 KEYS = ("DATABASE", "URL", "QUEUES", "RUNTIME", "SHUTDOWN_TIMEOUT", "TASK_MODULES", "MIGRATE")

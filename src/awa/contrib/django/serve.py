@@ -13,7 +13,7 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
-from awa.client import AsyncClient
+from awa.client.asyncio_client import AsyncClient
 
 log = logging.getLogger("awa.worker")
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 import threading
 from typing import Any, Protocol
 
-from awa import admin, bridge
-from awa.blocking_client import Client
-from awa.db import Statement
+from awa import admin
+from awa.client.blocking import Client
 from awa.model import JobRow
+from awa.producer import bridge
+from awa.storage.db import Statement
 
 
 class JobStore(Protocol):

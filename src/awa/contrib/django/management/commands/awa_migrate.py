@@ -9,7 +9,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from awa.contrib.django import conf
 from awa.errors import AwaError
-from awa.migrations import migrate_sync, migration_script
+from awa.storage.migrations import migrate_sync, migration_script
 
 
 class Command(BaseCommand):  # type: ignore[misc]

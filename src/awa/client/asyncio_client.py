@@ -1,0 +1,564 @@
+"""The asyncio client, ``AsyncClient``: producer, admin, callback resolution with lifecycle
+effects, and the worker runtime (the blocking twin is ``awa.client.blocking.Client``).
+
+With no URL, a client uses ``DATABASE_URL``, then the libpq ``PG*`` variables, then the
+embedded server. Connections are opened on first use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import warnings
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self, TypeVar, Unpack
+
+import psycopg
+import psycopg_pool
+
+from awa import admin
+from awa.admin import CronJob, QueueStats
+from awa.batch.methods import AsyncBatchMethods
+from awa.callbacks.resolution import CallbackResolution
+from awa.client.transaction import (
+    Transaction,
+    insert_prepared_async,
+)
+from awa.core.arguments import check_client_options, check_flag, check_seconds
+from awa.descriptors.duty import store_descriptors
+from awa.descriptors.operations import DescriptorCatalog, DescriptorDeclarations
+from awa.dlq.methods import AsyncDlqMethods
+from awa.errors import AwaError, DatabaseError, SchemaNotMigrated, ValidationError
+from awa.lifecycle.followups import FollowUpRegistry
+from awa.lifecycle.hooks import HookDispatcher, HookRegistry
+from awa.lifecycle.registration import LifecycleRegistration
+from awa.model import DEFAULT_MAX_ATTEMPTS, DEFAULT_PRIORITY, JobRow, JobState, UniqueOpts
+from awa.observability.health import (
+    DEFAULT_UNSERVED_AFTER,
+    HEALTH_CHECK_TIMEOUT,
+    HealthCheck,
+    health_flow,
+    schema_missing,
+    unreachable,
+)
+from awa.observability.tracing import describe_insert, producing
+from awa.periodic.duty import store_schedules
+from awa.periodic.schedules import PeriodicJob, define_periodic
+from awa.producer.copy import copy_flow, with_per_job_opts
+from awa.producer.insert import (
+    MAX_ARGS_BYTES,
+    MAX_METADATA_BYTES,
+    InsertKwargs,
+    InsertRules,
+    TaskDefaults,
+    prepare_job,
+    prepare_many,
+    split_kwargs,
+)
+from awa.producer.lanes import InsertLanes
+from awa.storage.db import (
+    DEFAULT_APPLICATION_NAME,
+    async_pool,
+    check_connection_async,
+    drive_async,
+    resolve_database_url,
+    translate_errors,
+)
+from awa.storage.methods import AsyncStorageMethods
+from awa.storage.migrations import check_version, migrate_async, schema_version_flow
+from awa.worker import reference_options
+from awa.worker.config import RetryPolicy
+from awa.worker.limits import store_dlq_settings, store_limits, store_retention
+from awa.worker.registry import TaskRegistry
+from awa.workflows.methods import AsyncWorkflowMethods
+
+if TYPE_CHECKING:
+    from awa.worker.runtime import Runtime
+
+H = TypeVar("H", bound=Callable[..., Any])
+
+QueuesSpec = Iterable[Any] | Mapping[str, int | Mapping[str, Any]] | None
+
+
+class AsyncClient(
+    LifecycleRegistration,
+    CallbackResolution,
+    AsyncDlqMethods,
+    DescriptorDeclarations,
+    AsyncBatchMethods,
+    AsyncWorkflowMethods,
+    AsyncStorageMethods,
+):
+    """The asyncio client: inserts, transactions, admin, and (once handlers are registered)
+    the worker runtime.
+
+    ``insert`` keyword arguments: ``kind`` (default: derived from the args class name),
+    ``queue="default"``, ``priority=2`` (1 runs first, 4 last), ``max_attempts=25``,
+    ``tags``, ``metadata``, ``run_at`` (timezone-aware; a future time schedules the job),
+    ``unique_opts`` (``awa.UniqueOpts`` or a dict of its fields), ``ordering_key`` and
+    ``deadline_duration`` (seconds or timedelta per attempt; 0 means none).
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        max_connections: int = 10,
+        application_name: str = DEFAULT_APPLICATION_NAME,
+        max_args_bytes: int = MAX_ARGS_BYTES,
+        max_metadata_bytes: int = MAX_METADATA_BYTES,
+    ) -> None:
+        check_client_options(max_connections, application_name)
+        self._url = url
+        self._max_connections = max_connections
+        self._application_name = application_name
+        self._pool: psycopg_pool.AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
+        self._pool_lock = asyncio.Lock()
+        self._resolved_url: str | None = None
+        self._tasks = TaskRegistry()
+        self._runtime: Runtime | None = None
+        self._stopping: Runtime | None = None  # the runtime a shutdown is stopping
+        self._hooks = HookRegistry()
+        # Every insert of this client (follow-ups and staged ones too): the queue of each
+        # kind's task for inserts that name none, and the size limits.
+        self._insert_rules = InsertRules(
+            self._tasks.routes, max_args_bytes, max_metadata_bytes, self._tasks.defaults
+        )
+        self._follow_ups = FollowUpRegistry(self._insert_rules)
+        # Single inserts crowding in from many coroutines share round trips and commits.
+        self._periodic: dict[str, PeriodicJob] = {}
+        self._descriptors = DescriptorCatalog()  # stored at start()
+        self._lanes = InsertLanes(
+            self._acquire, self._release, lanes=min(4, max(1, max_connections // 2))
+        )
+        self.hook_dispatcher = HookDispatcher(self._hooks)
+
+    @property
+    def application_name(self) -> str:
+        return self._application_name
+
+    @property
+    def insert_rules(self) -> InsertRules:
+        """How this client inserts: task routes, per-task defaults, size limits (pass the
+        client to ``awa.producer.bridge.insert_job(..., client=client)`` to insert the same way)."""
+        return self._insert_rules
+
+    async def database_url(self) -> str:
+        """The connection string in use (starting the embedded server if that is the one)."""
+        if self._resolved_url is None:
+            self._resolved_url = await asyncio.to_thread(resolve_database_url, self._url)
+        return self._resolved_url
+
+    async def pool(self) -> psycopg_pool.AsyncConnectionPool[psycopg.AsyncConnection[Any]]:
+        """The connection pool, opened on first use."""
+        if self._pool is None:
+            async with self._pool_lock:
+                if self._pool is None:
+                    url = await self.database_url()
+                    pool = async_pool(
+                        url,
+                        min_size=1,
+                        max_size=self._max_connections,
+                        application_name=self._application_name,
+                    )
+                    await check_connection_async(url)
+                    with translate_errors():
+                        await pool.open(wait=True, timeout=30)
+                    self._pool = pool
+        return self._pool
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """Borrow a pooled connection (autocommit) for statements of your own."""
+        pool = await self.pool()
+        with translate_errors():
+            async with pool.connection() as conn:
+                yield conn
+
+    async def close(self) -> None:
+        """Shut the worker down if it runs, stop hooks still running, close the pool."""
+        if self._runtime is not None:
+            await self.shutdown()
+        self.hook_dispatcher.cancel_all()
+        await self._lanes.close()
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def migrate(self) -> list[int]:
+        """Create or upgrade the awa schema; returns the migration versions applied."""
+        async with self.connection() as conn:
+            return await migrate_async(conn)
+
+    # Producer -----------------------------------------------------------------------------
+
+    async def insert(self, args: Any, **kwargs: Unpack[InsertKwargs]) -> JobRow:
+        """Insert one job and return its row.
+
+        Raises ValidationError (before touching the database) for bad input and
+        UniqueConflict when ``unique_opts`` finds an existing job.
+        """
+        kind, opts = split_kwargs("insert", kwargs)
+        with producing() as span:
+            job = prepare_job(args, kind=kind, opts=opts, rules=self._insert_rules)
+            describe_insert(span, [job])
+            if job.depends_on:  # two statements in one transaction: not for the lanes
+                async with self.connection() as conn:
+                    return (await insert_prepared_async(conn, [job]))[0]
+            return await self._lanes.insert(job)
+
+    async def insert_many(
+        self, jobs: Iterable[Any], **kwargs: Unpack[InsertKwargs]
+    ) -> list[JobRow]:
+        """Insert several jobs atomically. Items are args, or ``awa.EnqueueRequest`` to
+        override the shared keyword options for one job."""
+        kind, opts = split_kwargs("insert_many", kwargs)
+        with producing() as span:
+            prepared = prepare_many(jobs, kind=kind, opts=opts, rules=self._insert_rules)
+            describe_insert(span, prepared)
+            async with self.connection() as conn:
+                return await insert_prepared_async(conn, prepared)
+
+    async def insert_many_copy(
+        self,
+        jobs: Iterable[Any],
+        *,
+        opts: Sequence[Mapping[str, Any] | None] | None = None,
+        **kwargs: Unpack[InsertKwargs],
+    ) -> list[JobRow]:
+        """Bulk insert with COPY (atomic); same arguments as ``insert_many``. ``opts``: one
+        entry per job, None or a dict of ``queue`` / ``ordering_key`` for that job (the
+        reference package's form; an ``awa.EnqueueRequest`` per job does the same and more)."""
+        jobs = with_per_job_opts(jobs, opts)
+        kind, opts_ = split_kwargs("insert_many_copy", kwargs)
+        async with self.connection() as conn, conn.transaction():
+            flow = copy_flow(jobs, kind=kind, opts=opts_, rules=self._insert_rules)
+            return await drive_async(conn, flow)
+
+    def transaction(self) -> Transaction:
+        """A transaction: ``async with client.transaction() as tx`` or
+        ``tx = await client.transaction()``."""
+        return Transaction(self._acquire, self._release, self._insert_rules)
+
+    async def _acquire(self) -> psycopg.AsyncConnection[Any]:
+        """A pooled connection, until ``_release``."""
+        pool = await self.pool()
+        with translate_errors():
+            return await pool.getconn()
+
+    async def _release(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        if self._pool is not None:
+            await self._pool.putconn(conn)
+
+    # Worker -------------------------------------------------------------------------------
+
+    def task(
+        self,
+        args_type: type[Any] | None,
+        *,
+        kind: str | None = None,
+        queue: str = "default",
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        unique_opts: UniqueOpts | Mapping[str, Any] | None = None,
+        deadline_duration: float | dt.timedelta | None = None,
+        retry: RetryPolicy | None = None,
+    ) -> Callable[[H], H]:
+        """Register a handler for jobs of ``args_type`` (kind derived from its name unless
+        given). Use as a decorator; ``async def`` handlers run on the event loop, plain
+        ``def`` handlers in a thread pool. The handler receives an ``awa.Job``.
+
+        ``queue``, ``priority``, ``max_attempts``, ``unique_opts`` and ``deadline_duration``
+        are the defaults of this kind's inserts through this client (follow-ups and staged
+        ones included): an insert's own options win. ``retry`` (an ``awa.RetryPolicy``)
+        replaces the queue's backoff for this kind's failed attempts."""
+        defaults = TaskDefaults(
+            priority, max_attempts, UniqueOpts.coerce(unique_opts), deadline_duration
+        )
+
+        def register(handler: H) -> H:
+            if self._runtime is not None:
+                raise AwaError("register tasks before start()")
+            self._tasks.add(
+                args_type, handler, kind=kind, queue=queue, defaults=defaults, retry=retry
+            )
+            return handler
+
+        return register
+
+    def worker(
+        self, args_type: type[Any] | None, *, kind: str | None = None, queue: str = "default"
+    ) -> Callable[[H], H]:
+        """Deprecated spelling of ``task`` (the reference package's former name)."""
+        warnings.warn(
+            "client.worker() is deprecated, use client.task() instead",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.task(args_type, kind=kind, queue=queue)
+
+    def periodic(
+        self,
+        name: str,
+        cron_expr: str,
+        args_type: type[Any] | None,
+        args: Any,
+        *,
+        timezone: str = "UTC",
+        queue: str | None = None,
+        priority: int = DEFAULT_PRIORITY,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        tags: Sequence[str] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        missed_fire_policy: str = "coalesce",
+    ) -> None:
+        """Declare a periodic job: a job of ``args`` enqueued at every fire of
+        ``cron_expr`` (5 fields, or 6 with seconds first) in ``timezone``, stored when the
+        worker starts and fired by the maintenance leader, once per fire across the fleet.
+        ``queue`` None follows the kind's task. ``missed_fire_policy``: after downtime,
+        ``"coalesce"`` enqueues only the latest missed fire, ``"catch_up"`` each of them.
+        Call it before ``start()``; ValidationError names a bad expression, zone, policy
+        or option. See docs/periodic.md."""
+        if self._runtime is not None:
+            raise AwaError("declare periodic jobs before start()")
+        if name in self._periodic:
+            raise ValidationError(f"periodic job {name!r} is declared twice")
+        self._periodic[name] = define_periodic(
+            name,
+            cron_expr,
+            args_type,
+            args,
+            timezone=timezone,
+            queue=queue,
+            priority=priority,
+            max_attempts=max_attempts,
+            tags=tags,
+            metadata=metadata,
+            missed_fire_policy=missed_fire_policy,
+            rules=self._insert_rules,
+        )
+
+    @property
+    def runtime(self) -> Runtime | None:
+        """The running worker runtime, if ``start()`` was called."""
+        return self._runtime
+
+    async def start(self, queues: QueuesSpec = None, **options: Any) -> None:
+        """Start working ``queues``: ``[("email", 8), ...]`` (name, max handlers at once),
+        a dict ``{"email": 8, "billing": {"max_workers": 2, "deadline_duration": 60}}``
+        with per-queue options (max_workers, poll_interval, deadline_duration,
+        claim_batch_size, prefetch, retry=awa.RetryPolicy(...), and the flow controls
+        rate_limit=(per second, burst), global_max_running, key_concurrency, min_workers,
+        weight: docs/flow-control.md), or None for every queue a task declared. Exactly
+        these queues are claimed from: other processes may run the rest. ``options`` are
+        runtime settings (see ``awa.RuntimeConfig``), such as ``global_max_workers=N`` for
+        slots shared by weight."""
+        from awa.worker.config import RuntimeConfig, parse_queues
+        from awa.worker.runtime import Runtime
+
+        if self._runtime is not None:
+            raise AwaError("the worker is already running")
+        if len(self._tasks) == 0:
+            raise AwaError(
+                "register at least one worker before starting the runtime "
+                "(decorate a handler with @client.task)"
+            )
+        # Exactly the queues given: a fleet may split one task module across processes, each
+        # running some of its queues (jobs of the others are claimed elsewhere).
+        # The reference package's spellings (milliseconds, hours, a list of dicts with
+        # "name") become ours; both are accepted.
+        options, poll_interval = reference_options.runtime_options(options)
+        queues, from_queues = reference_options.queue_options(queues, poll_interval)
+        for name, value in from_queues.items():
+            if name in options:
+                raise ValidationError(f"start(): {name} is given twice (per queue and per worker)")
+            options[name] = value
+        config = RuntimeConfig.from_options(options)
+        configs = parse_queues(
+            queues, self._tasks.queues(), global_max_workers=config.global_max_workers
+        )
+        async with self.connection() as conn:
+            check_version(await drive_async(conn, schema_version_flow()))
+            # First: it refuses a descriptor of an unknown queue before anything is stored.
+            names = [queue.name for queue in configs]
+            await store_descriptors(conn, self._descriptors, names, self._tasks.routes)
+            # Declared schedules are stored before anything runs (never deleting others').
+            await store_schedules(conn, self._periodic.values(), self._insert_rules)
+            await store_limits(conn, configs)
+            await store_retention(conn, configs)
+            await store_dlq_settings(conn, configs, config.dlq_enabled)
+        runtime = Runtime(
+            self,
+            self._tasks,
+            configs,
+            config,
+            hooks=self.hook_dispatcher,
+            follow_ups=self._follow_ups,
+        )
+        await self.pool()
+        self._runtime = runtime
+        try:
+            await runtime.start()
+        except BaseException:
+            self._runtime = None
+            await runtime.shutdown(0)
+            raise
+
+    async def shutdown(
+        self, timeout: float | None = None, *, timeout_ms: float | None = None
+    ) -> None:
+        """Stop the worker: no new claims, running handlers get ``timeout`` seconds (default
+        30; ``timeout_ms``: the same in milliseconds), then see ``job.is_cancelled()``;
+        whatever is still running after that is interrupted and requeued. Lifecycle hooks
+        are not waited for. ``shutdown(0)`` while a shutdown is under way cuts its wait short
+        (what ``awa worker`` does on a second SIGTERM)."""
+        if timeout is not None and timeout_ms is not None:
+            raise ValidationError("shutdown(): give timeout (seconds) or timeout_ms, not both")
+        if timeout_ms is not None:
+            timeout = check_seconds("timeout_ms", timeout_ms) / 1000
+        timeout = 30.0 if timeout is None else check_seconds("timeout", timeout)
+        runtime, self._runtime = self._runtime, None
+        if runtime is None:
+            if self._stopping is not None and timeout == 0:
+                self._stopping.hurry()  # a second, impatient call: interrupt handlers now
+            return
+        self._stopping = runtime
+        try:
+            await runtime.shutdown(timeout)
+        finally:
+            self._stopping = None
+
+    @contextlib.asynccontextmanager
+    async def run(
+        self, queues: QueuesSpec = None, *, shutdown_timeout: float = 30.0, **options: Any
+    ) -> AsyncIterator[Self]:
+        """``async with client.run(queues):`` works the queues for the block's duration."""
+        check_seconds("shutdown_timeout", shutdown_timeout)
+        await self.start(queues, **options)
+        try:
+            yield self
+        finally:
+            await self.shutdown(shutdown_timeout)
+
+    async def health_check(
+        self, *, unserved_after: float = DEFAULT_UNSERVED_AFTER, queues: bool = True
+    ) -> HealthCheck:
+        """Database reachable and migrated, a maintenance leader somewhere, this worker's
+        listener and heartbeat alive, the live workers, and each queue's backlog and lag;
+        ``status`` is ``degraded`` when a queue's available jobs have waited more than
+        ``unserved_after`` seconds while no live worker runs it. ``queues=False`` skips the
+        per-queue counts (for frequent probes on a large job table)."""
+        check_seconds("unserved_after", unserved_after)
+        check_flag("queues", queues)
+        runtime = self._runtime.health() if self._runtime is not None else None
+        try:
+            pool = await self.pool()
+            # A short wait for a connection: while the database is down the pool would
+            # otherwise hold the check for its whole timeout (30 s).
+            with translate_errors():
+                async with pool.connection(timeout=HEALTH_CHECK_TIMEOUT) as conn:
+                    flow = health_flow(runtime, unserved_after, queues=queues)
+                    return await drive_async(conn, flow)
+        except SchemaNotMigrated:
+            return schema_missing(runtime)
+        except DatabaseError as error:
+            return unreachable(error, runtime)
+
+    # Admin --------------------------------------------------------------------------------
+
+    async def get_job(self, job_id: int) -> JobRow | None:
+        async with self.connection() as conn:
+            return await admin.get_job(conn, job_id)
+
+    async def list_jobs(
+        self,
+        *,
+        state: JobState | str | None = None,
+        kind: str | None = None,
+        queue: str | None = None,
+        limit: int = 100,
+    ) -> list[JobRow]:
+        async with self.connection() as conn:
+            return await admin.list_jobs(conn, state=state, kind=kind, queue=queue, limit=limit)
+
+    async def cancel(self, job_id: int) -> JobRow | None:
+        async with self.connection() as conn:
+            return await admin.cancel(conn, job_id)
+
+    async def cancel_by_unique_key(
+        self,
+        kind: str,
+        *,
+        args: Any = None,
+        queue: str | None = None,
+        period_bucket: int | None = None,
+    ) -> JobRow | None:
+        async with self.connection() as conn:
+            return await admin.cancel_by_unique_key(
+                conn, kind, args=args, queue=queue, period_bucket=period_bucket
+            )
+
+    async def retry(self, job_id: int) -> JobRow | None:
+        async with self.connection() as conn:
+            return await admin.retry(conn, job_id)
+
+    async def retry_failed(
+        self, *, kind: str | None = None, queue: str | None = None
+    ) -> admin.RetryFailedResult:
+        async with self.connection() as conn:
+            return await admin.retry_failed(conn, kind=kind, queue=queue)
+
+    async def discard_failed(self, kind: str) -> int:
+        async with self.connection() as conn:
+            return await admin.discard_failed(conn, kind)
+
+    async def pause_queue(self, queue: str, *, paused_by: str | None = None) -> None:
+        async with self.connection() as conn:
+            await admin.pause_queue(conn, queue, paused_by=paused_by)
+
+    async def resume_queue(self, queue: str) -> bool:
+        async with self.connection() as conn:
+            return await admin.resume_queue(conn, queue)
+
+    async def drain_queue(self, queue: str) -> int:
+        async with self.connection() as conn:
+            return await admin.drain_queue(conn, queue)
+
+    async def queue_stats(self) -> list[QueueStats]:
+        async with self.connection() as conn:
+            return await admin.queue_stats(conn)
+
+    # Periodic jobs (see awa.periodic) -----------------------------------------------------
+
+    async def list_cron_jobs(self) -> list[CronJob]:
+        async with self.connection() as conn:
+            return await admin.list_cron_jobs(conn)
+
+    async def pause_cron_job(self, name: str, *, paused_by: str | None = None) -> bool:
+        async with self.connection() as conn:
+            return await admin.pause_cron_job(conn, name, paused_by=paused_by)
+
+    async def resume_cron_job(self, name: str) -> bool:
+        async with self.connection() as conn:
+            return await admin.resume_cron_job(conn, name)
+
+    async def trigger_cron_job(self, name: str) -> JobRow | None:
+        async with self.connection() as conn:
+            return await admin.trigger_cron_job(conn, name)
+
+    async def delete_cron_job(self, name: str) -> bool:
+        async with self.connection() as conn:
+            return await admin.delete_cron_job(conn, name)

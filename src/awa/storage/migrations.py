@@ -1,0 +1,156 @@
+"""Applying the numbered migrations of ``awa/sql/migrations``.
+
+A run is one transaction holding an advisory lock: concurrent migrators wait for each other,
+and each migration is recorded in ``awa.schema_migrations`` with the schema change it made,
+so a run is all-or-nothing and running it again is a no-op.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Generator
+from typing import Any
+
+import psycopg
+
+from awa.errors import SchemaNotMigrated
+from awa.sql import Migration, current_version, migrations, query
+from awa.storage.db import Flow, Statement, resolve_database_url, translate_errors
+
+
+def _pending(applied: set[int]) -> list[Migration]:
+    return [migration for migration in migrations() if migration.version not in applied]
+
+
+async def migrate_async(conn: psycopg.AsyncConnection[Any]) -> list[int]:
+    """Apply pending migrations; returns the versions applied by this call."""
+    with translate_errors():
+        async with conn.transaction():
+            await conn.execute(query("migrate_lock"))
+            await conn.execute(query("migrate_bootstrap"))
+            cursor = await conn.execute(query("migrate_applied_versions"))
+            applied = {row[0] for row in await cursor.fetchall()}
+            todo = _pending(applied)
+            for migration in todo:
+                await conn.execute(migration.sql)
+                await conn.execute(
+                    query("migrate_record"),
+                    {"version": migration.version, "name": migration.name},
+                )
+    return [migration.version for migration in todo]
+
+
+def migrate_sync(conn: psycopg.Connection[Any]) -> list[int]:
+    """Blocking twin of :func:`migrate_async`."""
+    with translate_errors(), conn.transaction():
+        conn.execute(query("migrate_lock"))
+        conn.execute(query("migrate_bootstrap"))
+        applied = {row[0] for row in conn.execute(query("migrate_applied_versions"))}
+        todo = _pending(applied)
+        for migration in todo:
+            conn.execute(migration.sql)
+            conn.execute(
+                query("migrate_record"),
+                {"version": migration.version, "name": migration.name},
+            )
+    return [migration.version for migration in todo]
+
+
+def migration_script() -> str:
+    """The whole schema as one SQL script, for review or for applying by other means."""
+    parts = [
+        f"-- awa schema, migrations 1 to {current_version()}",
+        "BEGIN;",
+        query("migrate_lock") + ";",
+        query("migrate_bootstrap") + ";",
+    ]
+    for migration in migrations():
+        parts.append(f"-- migration {migration.version:04d}_{migration.name}")
+        parts.append(migration.sql.rstrip())
+        parts.append(
+            "INSERT INTO awa.schema_migrations (version, name) VALUES "
+            f"({migration.version}, '{migration.name}') ON CONFLICT DO NOTHING;"
+        )
+    parts.append("COMMIT;")
+    return "\n".join(parts) + "\n"
+
+
+def schema_version_flow() -> Flow[int | None]:
+    """The newest migration applied to this database (None: never migrated)."""
+    present = yield Statement(query("schema_migrations_exists"), None, _first_value)
+    if not present:
+        return None
+    version: int | None = yield Statement(query("schema_version"), None, _first_value)
+    return version
+
+
+def _first_value(rows: list[dict[str, Any]]) -> Any:
+    return next(iter(rows[0].values()))
+
+
+def check_version(found: int | None) -> None:
+    """Raise SchemaNotMigrated unless the schema is at this package's version."""
+    expected = current_version()
+    if found is None:
+        raise SchemaNotMigrated(
+            "the awa schema does not exist in this database; run `awa migrate` "
+            "or `await client.migrate()`"
+        )
+    if found < expected:
+        raise SchemaNotMigrated(
+            f"the awa schema is at version {found}, this package needs {expected}; "
+            "run `awa migrate` or `await client.migrate()`"
+        )
+    if found > expected:
+        raise SchemaNotMigrated(
+            f"the awa schema is at version {found}, newer than this package knows "
+            f"({expected}); upgrade awa-py"
+        )
+
+
+# The reference package's module-level functions ----------------------------------------
+
+
+def migration_list() -> list[tuple[int, str, str]]:
+    """Every migration of this version as ``(version, description, sql)``."""
+    return [(m.version, m.name.replace("_", " "), m.sql) for m in migrations()]
+
+
+def migrations_range(from_version: int, to_version: int) -> list[tuple[int, str, str]]:
+    """The migrations after ``from_version`` up to ``to_version`` included."""
+    return [entry for entry in migration_list() if from_version < entry[0] <= to_version]
+
+
+def current_migration_version() -> int:
+    """The newest migration this version of awa ships."""
+    return current_version()
+
+
+class AppliedMigrations(list[int]):
+    """The versions ``migrate()`` applied; also awaitable (the reference's ``awa.migrate``
+    is awaited), the work being done already."""
+
+    def __await__(self) -> Generator[Any, None, AppliedMigrations]:
+        return self
+        yield  # pragma: no cover - makes this a generator
+
+
+def migrate(database_url: str | None = None) -> AppliedMigrations:
+    """Apply awa's schema to the database (``DATABASE_URL`` when None): blocking, and
+    awaitable for programs written as ``await awa.migrate(url)``. In async code prefer
+    ``await client.migrate()``, which does not block the event loop."""
+    url = resolve_database_url(database_url)
+    with translate_errors(), psycopg.connect(url, autocommit=True) as conn:
+        return AppliedMigrations(migrate_sync(conn))
+
+
+class _CallableModule(types.ModuleType):
+    """``awa.storage.migrations()`` lists the migrations as the reference's function does, while
+    ``awa.storage.migrations`` stays this module for ``from awa.storage.migrations import ...``."""
+
+    def __call__(self) -> list[tuple[int, str, str]]:
+        return migration_list()
+
+
+sys.modules[__name__].__class__ = _CallableModule
