@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 import awa
 from awa.cli import main
-from awa.periodic.duty import cron_duty
+from awa.periodic.duty import periodic_duty
 from awa.storage.db import connection_kwargs
 from helpers_worker import queue, start, wait_for
 from jobs_helpers import Conn
@@ -60,7 +60,7 @@ def move_last_fire(conn: Conn, name: str, *, back: dt.timedelta) -> dt.datetime:
 
 async def evaluate(database_url: str) -> None:
     """One evaluation pass of the leader's cron duty."""
-    duty = cron_duty(1.0)
+    duty = periodic_duty(1.0)
     async with await psycopg.AsyncConnection.connect(
         database_url, **connection_kwargs("awa-test-cron")
     ) as conn:

@@ -24,7 +24,7 @@ from click.testing import CliRunner
 
 import awa
 from awa.cli import main
-from awa.periodic.duty import cron_duty
+from awa.periodic.duty import periodic_duty
 from awa.storage.db import connection_kwargs
 from awa.ui import create_app as create_ui_app
 from helpers_lifecycle import Counters, metric_reader
@@ -270,7 +270,7 @@ class Leader:
 
     def __init__(self, database_url: str) -> None:
         self.database_url = database_url
-        self.duty = cron_duty(1.0)
+        self.duty = periodic_duty(1.0)
 
     async def tick(self, *, in_transaction: bool = False) -> None:
         async with await psycopg.AsyncConnection.connect(

@@ -11,7 +11,7 @@ import zoneinfo
 import pytest
 
 import awa
-from awa.periodic.schedules import (
+from awa.periodic.jobs import (
     MAX_CATCH_UP,
     CronTimes,
     check_cron,

@@ -1,4 +1,5 @@
-"""``awa cron``: list, pause, resume, trigger and remove periodic jobs."""
+"""``awa periodic`` (also ``awa cron``, its first name): list, pause, resume, trigger and
+remove periodic jobs."""
 
 from __future__ import annotations
 
@@ -11,18 +12,21 @@ from awa.cli.group import fail, format_time, json_option, main, pass_client, pri
 
 
 @main.group()
-def cron() -> None:
-    """List and operate the periodic jobs (cron schedules).
+def periodic() -> None:
+    """List and operate the periodic jobs (awa cron is the same command).
 
-    Schedules are declared in code with client.periodic() and stored when a worker starts;
-    the maintenance leader enqueues one job per fire.
+    Periodic jobs are declared in code with client.periodic() and stored when a worker
+    starts; the maintenance leader enqueues one job per fire of their cron expressions.
     """
 
 
-@cron.command("list")
+main.add_command(periodic, "cron")  # the first name, kept
+
+
+@periodic.command("list")
 @json_option
 @pass_client
-def list_schedules(client: awa.Client, as_json: bool) -> None:
+def list_periodic(client: awa.Client, as_json: bool) -> None:
     """Every stored schedule: expression, zone, next and last fire, paused or not, and
     why it cannot fire (ERROR: an expression or zone this version refuses, or one that
     never fires; the leader skips it and fires the others)."""
@@ -61,7 +65,7 @@ def _user() -> str | None:
         return None
 
 
-@cron.command("pause")
+@periodic.command("pause")
 @click.argument("name")
 @click.option("--by", "paused_by", help="Who paused it (default: your user name).")
 @json_option
@@ -77,7 +81,7 @@ def pause(client: awa.Client, name: str, paused_by: str | None, as_json: bool) -
         click.echo(f"periodic job {name} paused")
 
 
-@cron.command("resume")
+@periodic.command("resume")
 @click.argument("name")
 @json_option
 @pass_client
@@ -92,7 +96,7 @@ def resume(client: awa.Client, name: str, as_json: bool) -> None:
         click.echo(f"periodic job {name} resumed")
 
 
-@cron.command("trigger")
+@periodic.command("trigger")
 @click.argument("name")
 @json_option
 @pass_client
@@ -107,7 +111,7 @@ def trigger(client: awa.Client, name: str, as_json: bool) -> None:
         click.echo(f"enqueued job {job.id} ({job.kind}) in queue {job.queue}")
 
 
-@cron.command("remove")
+@periodic.command("remove")
 @click.argument("name")
 @json_option
 @pass_client

@@ -44,8 +44,8 @@ from awa.observability.health import (
     unreachable,
 )
 from awa.observability.tracing import describe_insert, producing
-from awa.periodic.duty import store_schedules
-from awa.periodic.schedules import PeriodicJob, define_periodic
+from awa.periodic.duty import store_periodic_jobs
+from awa.periodic.jobs import PeriodicJob, define_periodic
 from awa.producer.copy import copy_flow, with_per_job_opts
 from awa.producer.insert import (
     MAX_ARGS_BYTES,
@@ -396,7 +396,7 @@ class AsyncClient(
             names = [queue.name for queue in configs]
             await store_descriptors(conn, self._descriptors, names, self._tasks.routes)
             # Declared schedules are stored before anything runs (never deleting others').
-            await store_schedules(conn, self._periodic.values(), self._insert_rules)
+            await store_periodic_jobs(conn, self._periodic.values(), self._insert_rules)
             await store_limits(conn, configs)
             await store_retention(conn, configs)
             await store_dlq_settings(conn, configs, config.dlq_enabled)

@@ -3,7 +3,7 @@ on them (``operations``, whose ``CronJob`` and ``*_cron_job*`` names are the ref
 the leader duty that fires them (``duty``). Imports the producer, lifecycle and below; no
 other capability."""
 
+from awa.periodic.jobs import PeriodicJob
 from awa.periodic.operations import CronJob
-from awa.periodic.schedules import PeriodicJob
 
 __all__ = ["CronJob", "PeriodicJob"]

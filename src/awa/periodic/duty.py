@@ -3,7 +3,7 @@ that enqueues their fires.
 
 Every ``cron_interval`` (1 s) the maintenance leader reads the schedules that are not
 paused, with the database clock, computes the fires due since each one's last fire (or its
-registration) by its missed-fire policy (``awa.periodic.schedules``), and enqueues each fire with
+registration) by its missed-fire policy (``awa.periodic.jobs``), and enqueues each fire with
 one statement that moves ``last_enqueued_at`` from the value it read (a compare-and-swap)
 and inserts the job. A fire another leader enqueued meanwhile matches nothing, so a fire is
 enqueued once across failover, restarts and several deployments.
@@ -27,14 +27,14 @@ from psycopg.rows import dict_row
 from awa.core.duty import Duty
 from awa.core.outage import one_line
 from awa.observability import metrics
-from awa.periodic.schedules import CronTimes, PeriodicJob, due_fires, failure_text
+from awa.periodic.jobs import CronTimes, PeriodicJob, due_fires, failure_text
 from awa.producer.insert import InsertRules
 from awa.sql import query
 
 log = logging.getLogger("awa.maintenance")
 
 
-async def store_schedules(
+async def store_periodic_jobs(
     conn: psycopg.AsyncConnection[Any], schedules: Iterable[PeriodicJob], rules: InsertRules
 ) -> None:
     """Insert the declared schedules, or update their definitions (never deleting others)."""
@@ -46,7 +46,7 @@ async def store_schedules(
 _times = functools.lru_cache(maxsize=256)(CronTimes.of)
 
 
-class ScheduleFailures:
+class FireFailures:
     """The schedules the leader could not fire, with their error: each failure is counted
     (``awa.cron.schedule_errors``), logged when a schedule starts failing or fails
     differently, and once more when it fires again; nothing at the ticks in between."""
@@ -76,11 +76,11 @@ class ScheduleFailures:
             del self.errors[name]
 
 
-def cron_duty(interval: float) -> Duty:
+def periodic_duty(interval: float) -> Duty:
     """Enqueue the due fires of every schedule that is not paused. Each schedule is
-    evaluated and fired on its own: one that fails (``ScheduleFailures``) never keeps the
+    evaluated and fired on its own: one that fails (``FireFailures``) never keeps the
     others from firing."""
-    failures = ScheduleFailures()
+    failures = FireFailures()
 
     async def evaluate(conn: psycopg.AsyncConnection[Any]) -> None:
         async with conn.cursor(row_factory=dict_row) as cursor:
@@ -99,7 +99,7 @@ def cron_duty(interval: float) -> Duty:
             else:
                 failures.succeeded(schedule["name"])
 
-    return Duty("cron", interval, evaluate)
+    return Duty("periodic", interval, evaluate)
 
 
 def _describe(error: Exception) -> str:

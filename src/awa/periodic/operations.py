@@ -13,7 +13,7 @@ import datetime as dt
 from typing import Any
 
 from awa.model import JobRow, MappingAccess, check_name
-from awa.periodic.schedules import failure_text, next_fire_of
+from awa.periodic.jobs import failure_text, next_fire_of
 from awa.sql import query
 from awa.storage.db import Statement, operation
 

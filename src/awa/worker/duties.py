@@ -8,7 +8,7 @@ from awa.batch.duty import batch_operation_duty
 from awa.core.duty import Duty
 from awa.descriptors.duty import descriptor_duty
 from awa.lifecycle.events import RescueReason
-from awa.periodic.duty import cron_duty
+from awa.periodic.duty import periodic_duty
 from awa.worker import limits
 from awa.worker.config import RuntimeConfig
 from awa.worker.maintenance import promotion_duty, runtime_expiry_duty, vacuum_duty
@@ -53,7 +53,7 @@ def leader_duties(
         ),
         active_ring_duty(config.ring_rotation_interval),
         runtime_expiry_duty(config.cleanup_interval),
-        cron_duty(config.cron_interval),
+        periodic_duty(config.cron_interval),
         queue_sampling_duty(config.queue_sample_interval),
         descriptor_duty(config.descriptor_retention, config.cleanup_interval),
         batch_operation_duty(),

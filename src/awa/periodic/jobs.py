@@ -1,4 +1,5 @@
-"""Cron schedules of periodic jobs: validation, and when a schedule fires.
+"""When periodic jobs fire: cron expressions (validation, next fires), and the declared
+periodic job (``PeriodicJob``, ``define_periodic``).
 
 An expression has 5 fields (minute hour day-of-month month day-of-week), 6 with seconds
 first (``"*/10 * * * * *"``: every 10 seconds), or is an alias (``@hourly``, ``@daily``,
