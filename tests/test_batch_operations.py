@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 import awa
-from awa.worker import batch_duty
+from awa.batch import duty as batch_duty
 from helpers_worker import queue, start, wait_for, wait_for_state
 from jobs_helpers import Conn, must_job_row, set_state
 

@@ -356,7 +356,7 @@ async def test_insert_many_takes_any_iterable_but_not_a_mapping(
 async def test_large_batches_span_several_statements_atomically(
     client: awa.AsyncClient, conn: Conn, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(awa.producer.insert, "INSERT_CHUNK", 3)
+    monkeypatch.setattr(awa.producer.statements, "INSERT_CHUNK", 3)
     jobs = await client.insert_many([SendEmail(str(i)) for i in range(10)], queue="chunks")
     assert [job.args["to"] for job in jobs] == [str(i) for i in range(10)]
     assert [row["id"] for row in job_rows(conn)] == [job.id for job in jobs]

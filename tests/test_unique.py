@@ -332,7 +332,7 @@ async def test_racing_async_producers_insert_exactly_one(database_url: str, conn
 async def test_conflicts_across_insert_chunks_roll_back_every_chunk(
     client: awa.AsyncClient, conn: Conn, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(awa.producer.insert, "INSERT_CHUNK", 2)
+    monkeypatch.setattr(awa.producer.statements, "INSERT_CHUNK", 2)
     existing = await client.insert(SendEmail("e"), unique_opts={})
     jobs = await client.insert_many([SendEmail(str(i)) for i in range(5)], unique_opts={})
     assert [job.args["to"] for job in jobs] == ["0", "1", "2", "3", "4"]

@@ -28,14 +28,12 @@ from awa.producer.insert import (
     InsertKwargs,
     InsertRules,
     PreparedJob,
-    insert_flow,
-    insert_one_flow,
-    needs_transaction,
     prepare_job,
     prepare_many,
     split_kwargs,
 )
 from awa.producer.placeholders import translate
+from awa.producer.statements import insert_flow, insert_one_flow, needs_transaction
 from awa.storage.db import Flow, drive_async, drive_sync, translate_errors
 from awa.workflows.operations import BatchRun, Workflow, WorkflowRun, batch_workflow
 

@@ -27,15 +27,8 @@ from awa.lifecycle.events import RescueReason
 from awa.lifecycle.hooks import is_async_callable
 from awa.model import EnqueueRequest, InsertOpts, JobRow, check_name
 from awa.observability import metrics
-from awa.producer.insert import (
-    DEFAULT_RULES,
-    InsertRules,
-    PreparedJob,
-    SkippingInsert,
-    insert_skipping_duplicates_flow,
-    prepare_job,
-    with_lineage,
-)
+from awa.producer.insert import DEFAULT_RULES, InsertRules, PreparedJob, prepare_job, with_lineage
+from awa.producer.statements import SkippingInsert, insert_skipping_duplicates_flow
 from awa.storage.db import Flow, drive_async
 
 log = logging.getLogger("awa.followups")

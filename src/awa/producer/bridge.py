@@ -32,10 +32,10 @@ from awa.producer.insert import (
     InsertKwargs,
     InsertRules,
     PreparedJob,
-    insert_flow,
     prepare_job,
     split_kwargs,
 )
+from awa.producer.statements import insert_flow
 from awa.storage.db import CopyStatement, Flow, Statement, run_async, run_sync
 
 if TYPE_CHECKING:

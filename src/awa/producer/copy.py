@@ -11,14 +11,8 @@ from typing import Any
 
 from awa.errors import ValidationError
 from awa.model import EnqueueRequest, InsertOpts, JobRow, JobState
-from awa.producer.insert import (
-    DEFAULT_RULES,
-    BatchPreparer,
-    InsertRules,
-    PreparedJob,
-    insert_flow,
-    stored_job,
-)
+from awa.producer.insert import DEFAULT_RULES, BatchPreparer, InsertRules, PreparedJob
+from awa.producer.statements import insert_flow, stored_job
 from awa.sql import query
 from awa.storage.db import CopyStatement, Flow, Statement
 

@@ -27,8 +27,8 @@ import psycopg
 
 from awa.errors import DatabaseError, SchemaNotMigrated
 from awa.model import JobRow
-from awa.producer.insert import (
-    PreparedJob,
+from awa.producer.insert import PreparedJob
+from awa.producer.statements import (
     insert_one_flow,
     insert_skipping_duplicates_flow,
     unique_conflict,

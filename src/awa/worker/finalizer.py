@@ -40,7 +40,7 @@ from awa.lifecycle.followups import (
 )
 from awa.model import JobRow, JobState
 from awa.observability import metrics, tracing
-from awa.producer.insert import SkippingInsert
+from awa.producer.statements import SkippingInsert
 from awa.sql import query
 from awa.storage.db import Flow, Statement, drive_async, run_async
 from awa.worker import results

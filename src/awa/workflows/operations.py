@@ -21,14 +21,8 @@ import orjson
 from awa.errors import ValidationError
 from awa.model import DEPENDENCY_POLICIES, EnqueueRequest, JobRow, check_name, dependency_ids
 from awa.producer.dependencies import dependencies_flow
-from awa.producer.insert import (
-    InsertRules,
-    PreparedJob,
-    dependency_preflight_flow,
-    insert_flow,
-    prepare_job,
-    split_kwargs,
-)
+from awa.producer.insert import InsertRules, PreparedJob, prepare_job, split_kwargs
+from awa.producer.statements import dependency_preflight_flow, insert_flow
 from awa.sql import query
 from awa.storage.db import Flow, Statement
 
