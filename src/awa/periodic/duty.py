@@ -39,7 +39,7 @@ async def store_periodic_jobs(
 ) -> None:
     """Insert the declared schedules, or update their definitions (never deleting others)."""
     for schedule in schedules:
-        await conn.execute(query("cron_upsert"), schedule.upsert_params(rules))
+        await conn.execute(query("periodic_upsert"), schedule.upsert_params(rules))
 
 
 # Parsed schedules by (expression, zone); only those that parse are kept.
@@ -84,7 +84,7 @@ def periodic_duty(interval: float) -> Duty:
 
     async def evaluate(conn: psycopg.AsyncConnection[Any]) -> None:
         async with conn.cursor(row_factory=dict_row) as cursor:
-            await cursor.execute(query("cron_due"))
+            await cursor.execute(query("periodic_due"))
             schedules = await cursor.fetchall()
         failures.keep_only({schedule["name"] for schedule in schedules})
         for schedule in schedules:
@@ -127,7 +127,7 @@ async def _fire_due(conn: psycopg.AsyncConnection[Any], schedule: dict[str, Any]
                 "previous": previous,
                 "fire_text": fire.astimezone(dt.UTC).isoformat(),
             }
-            cursor = await conn.execute(query("cron_fire"), params)
+            cursor = await conn.execute(query("periodic_fire"), params)
             if cursor.rowcount == 0:
                 return  # fired (or paused, or removed) elsewhere meanwhile: read it next time
             previous = fire

@@ -78,14 +78,14 @@ def _name(name: object) -> str:
 @operation
 def list_cron_jobs() -> Statement[list[CronJob]]:
     """Every stored schedule, by name."""
-    return Statement(query("cron_list"), None, _cron_jobs)
+    return Statement(query("periodic_list"), None, _cron_jobs)
 
 
 @operation
 def pause_cron_job(name: str, *, paused_by: str | None = None) -> Statement[bool]:
     """Stop a schedule's fires (its history stays); False when no schedule has the name."""
     params = {"name": _name(name), "paused_by": paused_by}
-    return Statement(query("cron_pause"), params, bool)
+    return Statement(query("periodic_pause"), params, bool)
 
 
 @operation
@@ -93,7 +93,7 @@ def resume_cron_job(name: str) -> Statement[bool]:
     """Let a schedule fire again; the fires it missed while paused follow its missed-fire
     policy (coalesce: the latest one; catch_up: each). False when no schedule has the
     name."""
-    return Statement(query("cron_resume"), {"name": _name(name)}, bool)
+    return Statement(query("periodic_resume"), {"name": _name(name)}, bool)
 
 
 @operation
@@ -102,7 +102,7 @@ def trigger_cron_job(name: str) -> Statement[JobRow | None]:
     (metadata ``triggered_manually``); None when no schedule has the name."""
     params = {"name": _name(name), "at": dt.datetime.now(dt.UTC).isoformat()}
     return Statement(
-        query("cron_trigger"),
+        query("periodic_trigger"),
         params,
         lambda rows: JobRow.from_record(rows[0]) if rows else None,
     )
@@ -112,4 +112,4 @@ def trigger_cron_job(name: str) -> Statement[JobRow | None]:
 def delete_cron_job(name: str) -> Statement[bool]:
     """Delete a schedule (a runtime declaring it stores it again when it starts); False
     when no schedule has the name."""
-    return Statement(query("cron_remove"), {"name": _name(name)}, bool)
+    return Statement(query("periodic_remove"), {"name": _name(name)}, bool)

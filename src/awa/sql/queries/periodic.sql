@@ -1,6 +1,6 @@
 -- Periodic jobs (awa.cron_jobs).
 
--- name: cron_upsert
+-- name: periodic_upsert
 -- A schedule declared by a starting runtime: inserted, or its definition updated. The fire
 -- history and the pause state stay as they are.
 INSERT INTO awa.cron_jobs AS c
@@ -20,7 +20,7 @@ WHERE (c.cron_expr, c.timezone, c.kind, c.queue, c.args, c.priority, c.max_attem
        EXCLUDED.priority, EXCLUDED.max_attempts, EXCLUDED.tags, EXCLUDED.metadata,
        EXCLUDED.missed_fire_policy)
 
--- name: cron_due
+-- name: periodic_due
 -- The schedules the leader evaluates, with the database clock.
 SELECT name, cron_expr, timezone, missed_fire_policy, last_enqueued_at, created_at,
        now() AS now
@@ -28,7 +28,7 @@ FROM awa.cron_jobs
 WHERE paused_at IS NULL
 ORDER BY name
 
--- name: cron_fire
+-- name: periodic_fire
 -- One fire: move last_enqueued_at from what the evaluator read (a compare-and-swap: a fire
 -- another leader enqueued already matches nothing) and insert the job, in one statement.
 WITH fired AS (
@@ -45,7 +45,7 @@ SELECT kind, queue, args, 'available', priority, max_attempts, now(),
 FROM fired
 RETURNING id
 
--- name: cron_trigger
+-- name: periodic_trigger
 -- Enqueue a schedule's job now, paused or not, without moving its fire history.
 INSERT INTO awa.active_jobs (kind, queue, args, state, priority, max_attempts, run_at, metadata, tags)
 SELECT kind, queue, args, 'available', priority, max_attempts, now(),
@@ -56,24 +56,24 @@ FROM awa.cron_jobs
 WHERE name = %(name)s
 RETURNING *
 
--- name: cron_list
+-- name: periodic_list
 SELECT name, cron_expr, timezone, kind, queue, args, priority, max_attempts, tags, metadata,
        missed_fire_policy, last_enqueued_at, created_at, updated_at, paused_at, paused_by,
        now() AS now
 FROM awa.cron_jobs
 ORDER BY name
 
--- name: cron_pause
+-- name: periodic_pause
 UPDATE awa.cron_jobs
 SET paused_at = COALESCE(paused_at, now()), paused_by = COALESCE(paused_by, %(paused_by)s),
     updated_at = now()
 WHERE name = %(name)s
 RETURNING name
 
--- name: cron_resume
+-- name: periodic_resume
 UPDATE awa.cron_jobs SET paused_at = NULL, paused_by = NULL, updated_at = now()
 WHERE name = %(name)s
 RETURNING name
 
--- name: cron_remove
+-- name: periodic_remove
 DELETE FROM awa.cron_jobs WHERE name = %(name)s RETURNING name
