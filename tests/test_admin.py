@@ -213,7 +213,7 @@ async def test_cancel_by_unique_key_with_queue_and_period(
         by_queue.id
     )
     assert (await admin("cancel_by_unique_key", "report", queue="default")).id == no_args.id
-    bucket = awa.insert.period_bucket(3600, run_at)
+    bucket = awa.producer.insert.period_bucket(3600, run_at)
     found = await admin("cancel_by_unique_key", "report", args=Report(1), period_bucket=bucket)
     assert found.id == periodic.id
     assert count_jobs(conn, "state = 'cancelled'") == 3

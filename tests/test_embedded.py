@@ -265,9 +265,9 @@ def test_as_root_copies_binaries_the_server_user_cannot_reach(
     private = tmp_path / "private"
     private.mkdir(mode=0o700)
     private.chmod(0o700)
-    installed = awa.embedded._package_install()
+    installed = awa.storage.embedded._package_install()
     site = installed.parent.parent
-    for part in awa.embedded._install_parts(installed):
+    for part in awa.storage.embedded._install_parts(installed):
         shutil.copytree(part, private / part.relative_to(site), symlinks=True)
     install = private / installed.relative_to(site)
     monkeypatch.setattr(awa.storage.embedded, "_package_install", lambda: install)
@@ -283,7 +283,7 @@ def test_as_root_copies_binaries_the_server_user_cannot_reach(
         pass
 
     assert modes(chain(private)) == before
-    copy = data_dir.parent / f"pginstall-{awa.embedded._package_version()}"
+    copy = data_dir.parent / f"pginstall-{awa.storage.embedded._package_version()}"
     server = embedded_status(data_dir)
     assert server.pid is not None
     program = copy / installed.relative_to(site) / "bin" / "postgres"

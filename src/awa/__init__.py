@@ -3,6 +3,8 @@
 Jobs are rows in Postgres, inserted inside your own transaction and run by asyncio workers.
 """
 
+import sys
+
 from awa import admin, bridge, callback_contract
 from awa.admin import CronJob, HeldBack, QueueLimits, QueueStats
 from awa.batch.operations import (
@@ -68,6 +70,9 @@ from awa.workflows.operations import BatchRun, Step, Workflow, WorkflowInfo, Wor
 
 QueueStat = QueueStats
 """The reference package's name of a ``queue_stats()`` entry (the same class)."""
+
+# ``awa.migrations`` is the reference's callable module: importable under that name too.
+sys.modules[__name__ + ".migrations"] = migrations
 
 __all__ = [
     "MAX_ARGS_BYTES",

@@ -146,8 +146,8 @@ def migrate(database_url: str | None = None) -> AppliedMigrations:
 
 
 class _CallableModule(types.ModuleType):
-    """``awa.storage.migrations()`` lists the migrations as the reference's function does, while
-    ``awa.storage.migrations`` stays this module for ``from awa.storage.migrations import ...``."""
+    """``awa.migrations()`` lists the migrations as the reference's function does, while
+    ``awa.migrations`` stays this module for ``from awa.migrations import ...``."""
 
     def __call__(self) -> list[tuple[int, str, str]]:
         return migration_list()
