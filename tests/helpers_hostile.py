@@ -144,7 +144,7 @@ TABLES = (
     "awa.queue_limits",
     "awa.cron_jobs",
     "awa.dlq_entries",
-    "awa.batch.operations",
+    "awa.batch_operations",
     "awa.queue_descriptors",
     "awa.job_kind_descriptors",
     "awa.runtimes",

@@ -1,28 +1,17 @@
-"""Durable batch operations on the clients: ``AsyncBatchMethods`` is mixed into
-``AsyncClient``, ``BatchMethods`` into the blocking ``Client`` (see
-``awa.batch.operations`` for what the operations do and the errors they raise)."""
+"""Durable batch operations as methods of both clients (see ``awa.batch.operations`` for
+what the operations do and the errors they raise)."""
 
 from __future__ import annotations
 
-import contextlib
-import datetime as dt
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
-import psycopg
-
 from awa.batch import operations as ops
-from awa.batch.operations import (
-    BatchOperation,
-    BatchOperationFilter,
-    BatchOperationKind,
-    BatchOperationPreview,
-    BatchOperationState,
-)
+from awa.batch.operations import BatchOperation, BatchOperationFilter, BatchOperationPreview
+from awa.storage.calls import client_method, operation_method
+from awa.storage.db import Call
 
 Filter = BatchOperationFilter | Mapping[str, Any] | None
-OperationId = str | uuid.UUID
 
 
 def _move_spec(queue: str, priority: int | None) -> dict[str, Any]:
@@ -32,156 +21,25 @@ def _move_spec(queue: str, priority: int | None) -> dict[str, Any]:
     return spec
 
 
-class AsyncBatchMethods:
-    """Mixin of AsyncClient: durable batch operations."""
-
-    def connection(self) -> contextlib.AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]:
-        raise NotImplementedError  # provided by AsyncClient
-
-    async def preview_batch_operation(
-        self, op_kind: BatchOperationKind, *, spec: Mapping[str, Any], filter: Filter = None
-    ) -> BatchOperationPreview:
-        """How many queued jobs the operation would touch now, and a sample; no change."""
-        async with self.connection() as conn:
-            return await ops.preview_batch_operation(conn, op_kind, spec=spec, filter=filter)
-
-    async def submit_batch_operation(
-        self,
-        op_kind: BatchOperationKind,
-        *,
-        spec: Mapping[str, Any],
-        filter: Filter = None,
-        submitted_by: str | None = None,
-        allow_all: bool = False,
-    ) -> BatchOperation:
-        """Record an operation for the maintenance leader to carry out (state pending)."""
-        async with self.connection() as conn:
-            return await ops.submit_batch_operation(
-                conn,
-                op_kind,
-                spec=spec,
-                filter=filter,
-                submitted_by=submitted_by,
-                allow_all=allow_all,
-            )
-
-    async def preview_set_priority(
-        self, priority: int, *, filter: Filter = None
-    ) -> BatchOperationPreview:
-        """Preview giving the queued jobs the filter matches ``priority``."""
-        return await self.preview_batch_operation(
-            "set_priority", spec={"priority": priority}, filter=filter
-        )
-
-    async def set_priority(
-        self,
-        priority: int,
-        *,
-        filter: Filter = None,
-        submitted_by: str | None = None,
-        allow_all: bool = False,
-    ) -> BatchOperation:
-        """Submit an operation giving the queued jobs the filter matches ``priority``."""
-        return await self.submit_batch_operation(
-            "set_priority",
-            spec={"priority": priority},
-            filter=filter,
-            submitted_by=submitted_by,
-            allow_all=allow_all,
-        )
-
-    async def preview_move_queue(
-        self, queue: str, *, priority: int | None = None, filter: Filter = None
-    ) -> BatchOperationPreview:
-        """Preview moving the queued jobs the filter matches to ``queue``."""
-        return await self.preview_batch_operation(
-            "move_queue", spec=_move_spec(queue, priority), filter=filter
-        )
-
-    async def move_queue(
-        self,
-        queue: str,
-        *,
-        priority: int | None = None,
-        filter: Filter = None,
-        submitted_by: str | None = None,
-        allow_all: bool = False,
-    ) -> BatchOperation:
-        """Submit an operation moving the queued jobs the filter matches to ``queue`` (and
-        giving them ``priority``, if set)."""
-        return await self.submit_batch_operation(
-            "move_queue",
-            spec=_move_spec(queue, priority),
-            filter=filter,
-            submitted_by=submitted_by,
-            allow_all=allow_all,
-        )
-
-    async def list_batch_operations(
-        self, *, state: BatchOperationState | None = None, limit: int = 100
-    ) -> list[BatchOperation]:
-        """Operations, newest first."""
-        async with self.connection() as conn:
-            return await ops.list_batch_operations(conn, state=state, limit=limit)
-
-    async def get_batch_operation(self, operation_id: OperationId) -> BatchOperation:
-        """One operation's record (ValidationError when unknown)."""
-        async with self.connection() as conn:
-            return await ops.get_batch_operation(conn, operation_id)
-
-    async def cancel_batch_operation(self, operation_id: OperationId) -> BatchOperation:
-        """Stop an unfinished operation at its next step (state cancelling, then
-        cancelled)."""
-        async with self.connection() as conn:
-            return await ops.cancel_batch_operation(conn, operation_id)
-
-    async def purge_batch_operations(self, before: dt.datetime, *, limit: int = 1000) -> int:
-        """Delete finished operations finalized before ``before``; returns how many."""
-        async with self.connection() as conn:
-            return await ops.purge_batch_operations(conn, before, limit=limit)
-
-
 class BatchMethods:
-    """Mixin of the blocking Client: durable batch operations."""
+    """Mixin of both clients: durable batch operations."""
 
-    def connection(self) -> contextlib.AbstractContextManager[psycopg.Connection[Any]]:
-        raise NotImplementedError  # provided by Client
+    preview_batch_operation = operation_method(ops.preview_batch_operation)
+    submit_batch_operation = operation_method(ops.submit_batch_operation)
+    list_batch_operations = operation_method(ops.list_batch_operations)
+    get_batch_operation = operation_method(ops.get_batch_operation)
+    cancel_batch_operation = operation_method(ops.cancel_batch_operation)
+    purge_batch_operations = operation_method(ops.purge_batch_operations)
 
-    def preview_batch_operation(
-        self, op_kind: BatchOperationKind, *, spec: Mapping[str, Any], filter: Filter = None
-    ) -> BatchOperationPreview:
-        """How many queued jobs the operation would touch now, and a sample; no change."""
-        with self.connection() as conn:
-            return ops.preview_batch_operation(conn, op_kind, spec=spec, filter=filter)
-
-    def submit_batch_operation(
-        self,
-        op_kind: BatchOperationKind,
-        *,
-        spec: Mapping[str, Any],
-        filter: Filter = None,
-        submitted_by: str | None = None,
-        allow_all: bool = False,
-    ) -> BatchOperation:
-        """Record an operation for the maintenance leader to carry out (state pending)."""
-        with self.connection() as conn:
-            return ops.submit_batch_operation(
-                conn,
-                op_kind,
-                spec=spec,
-                filter=filter,
-                submitted_by=submitted_by,
-                allow_all=allow_all,
-            )
-
+    @client_method
     def preview_set_priority(
         self, priority: int, *, filter: Filter = None
-    ) -> BatchOperationPreview:
+    ) -> Call[BatchOperationPreview]:
         """Preview giving the queued jobs the filter matches ``priority``."""
-        return self.preview_batch_operation(
-            "set_priority", spec={"priority": priority}, filter=filter
-        )
+        spec = {"priority": priority}
+        return ops.preview_batch_operation.build("set_priority", spec=spec, filter=filter)
 
+    @client_method
     def set_priority(
         self,
         priority: int,
@@ -189,9 +47,9 @@ class BatchMethods:
         filter: Filter = None,
         submitted_by: str | None = None,
         allow_all: bool = False,
-    ) -> BatchOperation:
+    ) -> Call[BatchOperation]:
         """Submit an operation giving the queued jobs the filter matches ``priority``."""
-        return self.submit_batch_operation(
+        return ops.submit_batch_operation.build(
             "set_priority",
             spec={"priority": priority},
             filter=filter,
@@ -199,14 +57,15 @@ class BatchMethods:
             allow_all=allow_all,
         )
 
+    @client_method
     def preview_move_queue(
         self, queue: str, *, priority: int | None = None, filter: Filter = None
-    ) -> BatchOperationPreview:
+    ) -> Call[BatchOperationPreview]:
         """Preview moving the queued jobs the filter matches to ``queue``."""
-        return self.preview_batch_operation(
-            "move_queue", spec=_move_spec(queue, priority), filter=filter
-        )
+        spec = _move_spec(queue, priority)
+        return ops.preview_batch_operation.build("move_queue", spec=spec, filter=filter)
 
+    @client_method
     def move_queue(
         self,
         queue: str,
@@ -215,34 +74,13 @@ class BatchMethods:
         filter: Filter = None,
         submitted_by: str | None = None,
         allow_all: bool = False,
-    ) -> BatchOperation:
-        """Submit an operation moving the queued jobs the filter matches to ``queue``."""
-        return self.submit_batch_operation(
+    ) -> Call[BatchOperation]:
+        """Submit an operation moving the queued jobs the filter matches to ``queue`` (and
+        giving them ``priority``, if set)."""
+        return ops.submit_batch_operation.build(
             "move_queue",
             spec=_move_spec(queue, priority),
             filter=filter,
             submitted_by=submitted_by,
             allow_all=allow_all,
         )
-
-    def list_batch_operations(
-        self, *, state: BatchOperationState | None = None, limit: int = 100
-    ) -> list[BatchOperation]:
-        """Operations, newest first."""
-        with self.connection() as conn:
-            return ops.list_batch_operations(conn, state=state, limit=limit)
-
-    def get_batch_operation(self, operation_id: OperationId) -> BatchOperation:
-        """One operation's record (ValidationError when unknown)."""
-        with self.connection() as conn:
-            return ops.get_batch_operation(conn, operation_id)
-
-    def cancel_batch_operation(self, operation_id: OperationId) -> BatchOperation:
-        """Stop an unfinished operation at its next step."""
-        with self.connection() as conn:
-            return ops.cancel_batch_operation(conn, operation_id)
-
-    def purge_batch_operations(self, before: dt.datetime, *, limit: int = 1000) -> int:
-        """Delete finished operations finalized before ``before``; returns how many."""
-        with self.connection() as conn:
-            return ops.purge_batch_operations(conn, before, limit=limit)

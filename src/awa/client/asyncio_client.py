@@ -9,55 +9,40 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
-import warnings
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, Self, Unpack
 
 import psycopg
 import psycopg_pool
 
-from awa import admin
-from awa.admin import CronJob, QueueStats
-from awa.batch.methods import AsyncBatchMethods
 from awa.callbacks.resolution import CallbackResolution
-from awa.client.transaction import (
-    Transaction,
-    insert_prepared_async,
-)
-from awa.core.arguments import check_client_options, check_flag, check_seconds
+from awa.client.methods import ClientMethods
+from awa.client.transaction import Transaction
+from awa.core.arguments import check_client_options, check_seconds
 from awa.descriptors.duty import store_descriptors
-from awa.descriptors.operations import DescriptorCatalog, DescriptorDeclarations
-from awa.dlq.methods import AsyncDlqMethods
-from awa.errors import AwaError, DatabaseError, SchemaNotMigrated, ValidationError
+from awa.descriptors.methods import DescriptorDeclarations
+from awa.descriptors.operations import DescriptorCatalog
+from awa.errors import AwaError, ValidationError
 from awa.lifecycle.followups import FollowUpRegistry
 from awa.lifecycle.hooks import HookDispatcher, HookRegistry
 from awa.lifecycle.registration import LifecycleRegistration
-from awa.model import DEFAULT_MAX_ATTEMPTS, DEFAULT_PRIORITY, JobRow, JobState, UniqueOpts
-from awa.observability.health import (
-    DEFAULT_UNSERVED_AFTER,
-    HEALTH_CHECK_TIMEOUT,
-    HealthCheck,
-    health_flow,
-    schema_missing,
-    unreachable,
-)
+from awa.model import DEFAULT_MAX_ATTEMPTS, DEFAULT_PRIORITY, JobRow
+from awa.observability.health import RuntimeHealth
 from awa.observability.tracing import describe_insert, producing
 from awa.periodic.duty import store_periodic_jobs
 from awa.periodic.jobs import PeriodicJob, define_periodic
-from awa.producer.copy import copy_flow, with_per_job_opts
 from awa.producer.insert import (
     MAX_ARGS_BYTES,
     MAX_METADATA_BYTES,
     InsertKwargs,
     InsertRules,
-    TaskDefaults,
     prepare_job,
-    prepare_many,
     split_kwargs,
 )
 from awa.producer.lanes import InsertLanes
+from awa.producer.statements import insert_one_call
+from awa.storage.calls import AsyncDriver
 from awa.storage.db import (
     DEFAULT_APPLICATION_NAME,
     async_pool,
@@ -66,30 +51,19 @@ from awa.storage.db import (
     resolve_database_url,
     translate_errors,
 )
-from awa.storage.methods import AsyncStorageMethods
-from awa.storage.migrations import check_version, migrate_async, schema_version_flow
+from awa.storage.migrations import check_version, schema_version_flow
 from awa.worker import reference_options
-from awa.worker.config import RetryPolicy
 from awa.worker.limits import store_dlq_settings, store_limits, store_retention
 from awa.worker.registry import TaskRegistry
-from awa.workflows.methods import AsyncWorkflowMethods
 
 if TYPE_CHECKING:
     from awa.worker.runtime import Runtime
-
-H = TypeVar("H", bound=Callable[..., Any])
 
 QueuesSpec = Iterable[Any] | Mapping[str, int | Mapping[str, Any]] | None
 
 
 class AsyncClient(
-    LifecycleRegistration,
-    CallbackResolution,
-    AsyncDlqMethods,
-    DescriptorDeclarations,
-    AsyncBatchMethods,
-    AsyncWorkflowMethods,
-    AsyncStorageMethods,
+    AsyncDriver, ClientMethods, LifecycleRegistration, CallbackResolution, DescriptorDeclarations
 ):
     """The asyncio client: inserts, transactions, admin, and (once handlers are registered)
     the worker runtime.
@@ -135,15 +109,11 @@ class AsyncClient(
         )
         self.hook_dispatcher = HookDispatcher(self._hooks)
 
+    # Shared with the blocking client: awa.client.methods (producer, operator, health, tasks).
+
     @property
     def application_name(self) -> str:
         return self._application_name
-
-    @property
-    def insert_rules(self) -> InsertRules:
-        """How this client inserts: task routes, per-task defaults, size limits (pass the
-        client to ``awa.producer.bridge.insert_job(..., client=client)`` to insert the same way)."""
-        return self._insert_rules
 
     async def database_url(self) -> str:
         """The connection string in use (starting the embedded server if that is the one)."""
@@ -198,11 +168,6 @@ class AsyncClient(
     ) -> None:
         await self.close()
 
-    async def migrate(self) -> list[int]:
-        """Create or upgrade the awa schema; returns the migration versions applied."""
-        async with self.connection() as conn:
-            return await migrate_async(conn)
-
     # Producer -----------------------------------------------------------------------------
 
     async def insert(self, args: Any, **kwargs: Unpack[InsertKwargs]) -> JobRow:
@@ -216,37 +181,8 @@ class AsyncClient(
             job = prepare_job(args, kind=kind, opts=opts, rules=self._insert_rules)
             describe_insert(span, [job])
             if job.depends_on:  # two statements in one transaction: not for the lanes
-                async with self.connection() as conn:
-                    return (await insert_prepared_async(conn, [job]))[0]
+                return await self._drive(insert_one_call(job))
             return await self._lanes.insert(job)
-
-    async def insert_many(
-        self, jobs: Iterable[Any], **kwargs: Unpack[InsertKwargs]
-    ) -> list[JobRow]:
-        """Insert several jobs atomically. Items are args, or ``awa.EnqueueRequest`` to
-        override the shared keyword options for one job."""
-        kind, opts = split_kwargs("insert_many", kwargs)
-        with producing() as span:
-            prepared = prepare_many(jobs, kind=kind, opts=opts, rules=self._insert_rules)
-            describe_insert(span, prepared)
-            async with self.connection() as conn:
-                return await insert_prepared_async(conn, prepared)
-
-    async def insert_many_copy(
-        self,
-        jobs: Iterable[Any],
-        *,
-        opts: Sequence[Mapping[str, Any] | None] | None = None,
-        **kwargs: Unpack[InsertKwargs],
-    ) -> list[JobRow]:
-        """Bulk insert with COPY (atomic); same arguments as ``insert_many``. ``opts``: one
-        entry per job, None or a dict of ``queue`` / ``ordering_key`` for that job (the
-        reference package's form; an ``awa.EnqueueRequest`` per job does the same and more)."""
-        jobs = with_per_job_opts(jobs, opts)
-        kind, opts_ = split_kwargs("insert_many_copy", kwargs)
-        async with self.connection() as conn, conn.transaction():
-            flow = copy_flow(jobs, kind=kind, opts=opts_, rules=self._insert_rules)
-            return await drive_async(conn, flow)
 
     def transaction(self) -> Transaction:
         """A transaction: ``async with client.transaction() as tx`` or
@@ -264,51 +200,6 @@ class AsyncClient(
             await self._pool.putconn(conn)
 
     # Worker -------------------------------------------------------------------------------
-
-    def task(
-        self,
-        args_type: type[Any] | None,
-        *,
-        kind: str | None = None,
-        queue: str = "default",
-        priority: int | None = None,
-        max_attempts: int | None = None,
-        unique_opts: UniqueOpts | Mapping[str, Any] | None = None,
-        deadline_duration: float | dt.timedelta | None = None,
-        retry: RetryPolicy | None = None,
-    ) -> Callable[[H], H]:
-        """Register a handler for jobs of ``args_type`` (kind derived from its name unless
-        given). Use as a decorator; ``async def`` handlers run on the event loop, plain
-        ``def`` handlers in a thread pool. The handler receives an ``awa.Job``.
-
-        ``queue``, ``priority``, ``max_attempts``, ``unique_opts`` and ``deadline_duration``
-        are the defaults of this kind's inserts through this client (follow-ups and staged
-        ones included): an insert's own options win. ``retry`` (an ``awa.RetryPolicy``)
-        replaces the queue's backoff for this kind's failed attempts."""
-        defaults = TaskDefaults(
-            priority, max_attempts, UniqueOpts.coerce(unique_opts), deadline_duration
-        )
-
-        def register(handler: H) -> H:
-            if self._runtime is not None:
-                raise AwaError("register tasks before start()")
-            self._tasks.add(
-                args_type, handler, kind=kind, queue=queue, defaults=defaults, retry=retry
-            )
-            return handler
-
-        return register
-
-    def worker(
-        self, args_type: type[Any] | None, *, kind: str | None = None, queue: str = "default"
-    ) -> Callable[[H], H]:
-        """Deprecated spelling of ``task`` (the reference package's former name)."""
-        warnings.warn(
-            "client.worker() is deprecated, use client.task() instead",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.task(args_type, kind=kind, queue=queue)
 
     def periodic(
         self,
@@ -453,112 +344,5 @@ class AsyncClient(
         finally:
             await self.shutdown(shutdown_timeout)
 
-    async def health_check(
-        self, *, unserved_after: float = DEFAULT_UNSERVED_AFTER, queues: bool = True
-    ) -> HealthCheck:
-        """Database reachable and migrated, a maintenance leader somewhere, this worker's
-        listener and heartbeat alive, the live workers, and each queue's backlog and lag;
-        ``status`` is ``degraded`` when a queue's available jobs have waited more than
-        ``unserved_after`` seconds while no live worker runs it. ``queues=False`` skips the
-        per-queue counts (for frequent probes on a large job table)."""
-        check_seconds("unserved_after", unserved_after)
-        check_flag("queues", queues)
-        runtime = self._runtime.health() if self._runtime is not None else None
-        try:
-            pool = await self.pool()
-            # A short wait for a connection: while the database is down the pool would
-            # otherwise hold the check for its whole timeout (30 s).
-            with translate_errors():
-                async with pool.connection(timeout=HEALTH_CHECK_TIMEOUT) as conn:
-                    flow = health_flow(runtime, unserved_after, queues=queues)
-                    return await drive_async(conn, flow)
-        except SchemaNotMigrated:
-            return schema_missing(runtime)
-        except DatabaseError as error:
-            return unreachable(error, runtime)
-
-    # Admin --------------------------------------------------------------------------------
-
-    async def get_job(self, job_id: int) -> JobRow | None:
-        async with self.connection() as conn:
-            return await admin.get_job(conn, job_id)
-
-    async def list_jobs(
-        self,
-        *,
-        state: JobState | str | None = None,
-        kind: str | None = None,
-        queue: str | None = None,
-        limit: int = 100,
-    ) -> list[JobRow]:
-        async with self.connection() as conn:
-            return await admin.list_jobs(conn, state=state, kind=kind, queue=queue, limit=limit)
-
-    async def cancel(self, job_id: int) -> JobRow | None:
-        async with self.connection() as conn:
-            return await admin.cancel(conn, job_id)
-
-    async def cancel_by_unique_key(
-        self,
-        kind: str,
-        *,
-        args: Any = None,
-        queue: str | None = None,
-        period_bucket: int | None = None,
-    ) -> JobRow | None:
-        async with self.connection() as conn:
-            return await admin.cancel_by_unique_key(
-                conn, kind, args=args, queue=queue, period_bucket=period_bucket
-            )
-
-    async def retry(self, job_id: int) -> JobRow | None:
-        async with self.connection() as conn:
-            return await admin.retry(conn, job_id)
-
-    async def retry_failed(
-        self, *, kind: str | None = None, queue: str | None = None
-    ) -> admin.RetryFailedResult:
-        async with self.connection() as conn:
-            return await admin.retry_failed(conn, kind=kind, queue=queue)
-
-    async def discard_failed(self, kind: str) -> int:
-        async with self.connection() as conn:
-            return await admin.discard_failed(conn, kind)
-
-    async def pause_queue(self, queue: str, *, paused_by: str | None = None) -> None:
-        async with self.connection() as conn:
-            await admin.pause_queue(conn, queue, paused_by=paused_by)
-
-    async def resume_queue(self, queue: str) -> bool:
-        async with self.connection() as conn:
-            return await admin.resume_queue(conn, queue)
-
-    async def drain_queue(self, queue: str) -> int:
-        async with self.connection() as conn:
-            return await admin.drain_queue(conn, queue)
-
-    async def queue_stats(self) -> list[QueueStats]:
-        async with self.connection() as conn:
-            return await admin.queue_stats(conn)
-
-    # Periodic jobs (see awa.periodic) -----------------------------------------------------
-
-    async def list_cron_jobs(self) -> list[CronJob]:
-        async with self.connection() as conn:
-            return await admin.list_cron_jobs(conn)
-
-    async def pause_cron_job(self, name: str, *, paused_by: str | None = None) -> bool:
-        async with self.connection() as conn:
-            return await admin.pause_cron_job(conn, name, paused_by=paused_by)
-
-    async def resume_cron_job(self, name: str) -> bool:
-        async with self.connection() as conn:
-            return await admin.resume_cron_job(conn, name)
-
-    async def trigger_cron_job(self, name: str) -> JobRow | None:
-        async with self.connection() as conn:
-            return await admin.trigger_cron_job(conn, name)
-
-    async def delete_cron_job(self, name: str) -> bool:
-        async with self.connection() as conn:
-            return await admin.delete_cron_job(conn, name)
+    def _runtime_health(self) -> RuntimeHealth | None:
+        return self._runtime.health() if self._runtime is not None else None

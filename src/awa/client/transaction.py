@@ -22,7 +22,6 @@ from psycopg.rows import dict_row
 from awa.errors import AwaError, DatabaseError
 from awa.model import JobRow
 from awa.observability.tracing import describe_insert, producing
-from awa.producer.dependencies import dependencies_flow, has_dependencies
 from awa.producer.insert import (
     DEFAULT_RULES,
     InsertKwargs,
@@ -33,8 +32,14 @@ from awa.producer.insert import (
     split_kwargs,
 )
 from awa.producer.placeholders import translate
-from awa.producer.statements import insert_flow, insert_one_flow, needs_transaction
-from awa.storage.db import Flow, drive_async, drive_sync, translate_errors
+from awa.producer.statements import insert_call
+from awa.storage.db import (
+    drive_async,
+    drive_sync,
+    run_call_async,
+    run_call_sync,
+    translate_errors,
+)
 from awa.workflows.operations import BatchRun, Workflow, WorkflowRun, batch_workflow
 
 Params = Sequence[Any] | Mapping[str, Any]
@@ -63,40 +68,18 @@ def _own_statement_errors() -> Iterator[None]:
         raise DatabaseError(f"database unavailable: {error}") from error
 
 
-def _with_dependencies(jobs: Sequence[PreparedJob]) -> Flow[list[JobRow]]:
-    rows = yield from insert_flow(jobs)
-    return (yield from dependencies_flow(rows, jobs))
-
-
 async def insert_prepared_async(
     conn: psycopg.AsyncConnection[Any], jobs: Sequence[PreparedJob]
 ) -> list[JobRow]:
-    """Insert prepared jobs on a connection (atomically, with a savepoint inside a
-    transaction); jobs with ``depends_on`` get their edges in the same transaction."""
-    if has_dependencies(jobs):
-        async with conn.transaction():
-            return await drive_async(conn, _with_dependencies(jobs))
-    if len(jobs) == 1:
-        return [await drive_async(conn, insert_one_flow(jobs[0]))]
-    if needs_transaction(jobs):
-        async with conn.transaction():
-            return await drive_async(conn, insert_flow(jobs))
-    return await drive_async(conn, insert_flow(jobs))
+    """Insert prepared jobs on a connection (see ``insert_call``)."""
+    return await run_call_async(conn, insert_call(jobs))
 
 
 def insert_prepared_sync(
     conn: psycopg.Connection[Any], jobs: Sequence[PreparedJob]
 ) -> list[JobRow]:
-    """Blocking twin of :func:`insert_prepared_async`."""
-    if has_dependencies(jobs):
-        with conn.transaction():
-            return drive_sync(conn, _with_dependencies(jobs))
-    if len(jobs) == 1:
-        return [drive_sync(conn, insert_one_flow(jobs[0]))]
-    if needs_transaction(jobs):
-        with conn.transaction():
-            return drive_sync(conn, insert_flow(jobs))
-    return drive_sync(conn, insert_flow(jobs))
+    """Insert prepared jobs on a blocking connection (see ``insert_call``)."""
+    return run_call_sync(conn, insert_call(jobs))
 
 
 class _Finished(AwaError):

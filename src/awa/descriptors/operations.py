@@ -16,7 +16,6 @@ the clients, in ``awa queue descriptors`` / ``awa job kinds`` and on the UI's ov
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime as dt
 import urllib.parse
@@ -24,10 +23,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import blake3
-import psycopg
 
 from awa.core.kinds import dump_json
-from awa.errors import AwaError, ValidationError
+from awa.errors import ValidationError
 from awa.model import MAX_NAME_LENGTH, check_encodable, check_name, check_tags
 from awa.sql import query
 from awa.storage.db import Statement, operation
@@ -255,99 +253,3 @@ def list_job_kind_descriptors(*, kind: str | None = None) -> Statement[list[JobK
     """Every job kind's descriptor (blank ones included), by name; or only ``kind``'s."""
     params = {"kind": check_name("kind", kind) if kind is not None else None}
     return Statement(query("list_job_kind_descriptors"), params, _kind_records)
-
-
-# Client methods ---------------------------------------------------------------------------
-
-
-class DescriptorDeclarations:
-    """Mixin of AsyncClient: declaring descriptors before ``start()``, and reading them."""
-
-    _descriptors: DescriptorCatalog
-
-    def connection(self) -> contextlib.AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]:
-        raise NotImplementedError  # provided by AsyncClient
-
-    def _declare(self, method: str) -> None:
-        if getattr(self, "_runtime", None) is not None:
-            raise AwaError(f"{method}() must be called before start()")
-
-    def queue_descriptor(
-        self,
-        queue: str,
-        *,
-        display_name: str | None = None,
-        description: str | None = None,
-        owner: str | None = None,
-        docs_url: str | None = None,
-        tags: Sequence[str] | None = None,
-        extra: Mapping[str, Any] | None = None,
-    ) -> None:
-        """Describe ``queue`` for operators (UI, CLI, ``awa.admin``): a display name (200
-        characters), a description (2000), an owner (200), an http(s) ``docs_url`` (2048),
-        up to 20 tags and ``extra`` (a JSON object, 64 KiB). Stored when the worker starts,
-        which must run the queue or have a task on it; declaring it again replaces it.
-        Call before ``start()`` (after: AwaError)."""
-        self._declare("queue_descriptor")
-        check_name("queue", queue)
-        self._descriptors.queues[queue] = Descriptor.of(
-            display_name=display_name,
-            description=description,
-            owner=owner,
-            docs_url=docs_url,
-            tags=tags,
-            extra=extra,
-        )
-
-    def job_kind_descriptor(
-        self,
-        kind: str,
-        *,
-        display_name: str | None = None,
-        description: str | None = None,
-        owner: str | None = None,
-        docs_url: str | None = None,
-        tags: Sequence[str] | None = None,
-        extra: Mapping[str, Any] | None = None,
-    ) -> None:
-        """Describe job kind ``kind`` (the string a task publishes: by default the
-        snake_cased args class name); the fields and rules of ``queue_descriptor``."""
-        self._declare("job_kind_descriptor")
-        check_name("kind", kind)
-        self._descriptors.kinds[kind] = Descriptor.of(
-            display_name=display_name,
-            description=description,
-            owner=owner,
-            docs_url=docs_url,
-            tags=tags,
-            extra=extra,
-        )
-
-    async def list_queue_descriptors(self, *, queue: str | None = None) -> list[QueueDescriptor]:
-        """The stored queue descriptors (see ``awa.admin.list_queue_descriptors``)."""
-        async with self.connection() as conn:
-            return await list_queue_descriptors(conn, queue=queue)
-
-    async def list_job_kind_descriptors(
-        self, *, kind: str | None = None
-    ) -> list[JobKindDescriptor]:
-        """The stored job kind descriptors (see ``awa.admin.list_job_kind_descriptors``)."""
-        async with self.connection() as conn:
-            return await list_job_kind_descriptors(conn, kind=kind)
-
-
-class DescriptorListing:
-    """Mixin of the blocking Client: reading the stored descriptors."""
-
-    def connection(self) -> contextlib.AbstractContextManager[psycopg.Connection[Any]]:
-        raise NotImplementedError  # provided by Client
-
-    def list_queue_descriptors(self, *, queue: str | None = None) -> list[QueueDescriptor]:
-        """The stored queue descriptors (see ``awa.admin.list_queue_descriptors``)."""
-        with self.connection() as conn:
-            return list_queue_descriptors(conn, queue=queue)
-
-    def list_job_kind_descriptors(self, *, kind: str | None = None) -> list[JobKindDescriptor]:
-        """The stored job kind descriptors (see ``awa.admin.list_job_kind_descriptors``)."""
-        with self.connection() as conn:
-            return list_job_kind_descriptors(conn, kind=kind)

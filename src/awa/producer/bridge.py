@@ -36,7 +36,7 @@ from awa.producer.insert import (
     split_kwargs,
 )
 from awa.producer.statements import insert_flow
-from awa.storage.db import CopyStatement, Flow, Statement, run_async, run_sync
+from awa.storage.db import CopyStatement, Flow, Notifications, Statement, run_async, run_sync
 
 if TYPE_CHECKING:
     import asyncpg
@@ -177,15 +177,15 @@ def _shaped(step: Statement[Any], rows: Rows) -> list[Any]:
     return [tuple(row.values()) for row in rows] if step.tuples else list(rows)
 
 
-def _no_copy(step: Statement[Any] | CopyStatement) -> Statement[Any]:
-    if isinstance(step, CopyStatement):  # insert_flow never copies; guard the assumption
-        raise TypeError("awa.producer.bridge cannot run COPY statements")
+def _no_copy(step: Statement[Any] | CopyStatement | Notifications) -> Statement[Any]:
+    if not isinstance(step, Statement):  # insert_flow never copies or listens; guard it
+        raise TypeError("awa.bridge runs statements only (no COPY, no notifications)")
     return step
 
 
 def _named(step: Statement[Any]) -> Mapping[str, Any]:
     if not isinstance(step.params, Mapping):
-        raise TypeError("awa.producer.bridge runs statements with named parameters only")
+        raise TypeError("awa.bridge runs statements with named parameters only")
     return step.params
 
 
@@ -209,7 +209,7 @@ def _convert(sql: str, style: Literal["asyncpg", "sqlalchemy"]) -> tuple[str, tu
             # text() would read ":word" (in a literal, a comment, a "::" cast next to a
             # bind) as a parameter; "\:" is its escape for a literal colon.
             return "\\:" if style == "sqlalchemy" else ":"
-        raise ValueError(f"awa.producer.bridge: unsupported placeholder {token!r} in {sql!r}")
+        raise ValueError(f"awa.bridge: unsupported placeholder {token!r} in {sql!r}")
 
     return _TOKEN.sub(replace, sql), tuple(names)
 
@@ -303,7 +303,7 @@ def _unsupported(conn: object, function: str) -> TypeError:
 
 def _check_postgres(conn: object, name: str) -> None:
     if name != "postgresql":
-        raise TypeError(f"awa.producer.bridge needs a PostgreSQL connection, not {name} ({conn!r})")
+        raise TypeError(f"awa.bridge needs a PostgreSQL connection, not {name} ({conn!r})")
 
 
 def _async_runner(conn: object) -> Callable[[Statement[Any]], Awaitable[Rows]]:

@@ -14,9 +14,10 @@ import orjson
 
 from awa.errors import DatabaseError, UniqueConflict, ValidationError
 from awa.model import JobRow, JobState
+from awa.producer.dependencies import dependencies_flow, has_dependencies
 from awa.producer.insert import UNIQUE_INDEX, PreparedJob
 from awa.sql import query
-from awa.storage.db import Flow, Statement
+from awa.storage.db import Autocommit, Call, Flow, Statement
 
 INSERT_CHUNK = 5000
 
@@ -275,3 +276,36 @@ def stored_job(
         False,
         job.concurrency_key,
     )
+
+
+def _with_dependencies(jobs: Sequence[PreparedJob]) -> Flow[list[JobRow]]:
+    rows = yield from insert_flow(jobs)
+    return (yield from dependencies_flow(rows, jobs))
+
+
+def _one(job: PreparedJob) -> Flow[list[JobRow]]:
+    return [(yield from insert_one_flow(job))]
+
+
+def insert_call(jobs: Sequence[PreparedJob]) -> Call[list[JobRow]]:
+    """How prepared jobs go in on a connection: atomically (a transaction, or a savepoint
+    inside one) when they must; jobs with ``depends_on`` get their edges in the same
+    transaction."""
+    if has_dependencies(jobs):
+        return _with_dependencies(jobs)
+    if len(jobs) == 1:
+        return Autocommit(_one(jobs[0]))
+    if needs_transaction(jobs):
+        return insert_flow(jobs)
+    return Autocommit(insert_flow(jobs))
+
+
+def _first(flow: Flow[list[JobRow]]) -> Flow[JobRow]:
+    return (yield from flow)[0]
+
+
+def insert_one_call(job: PreparedJob) -> Call[JobRow]:
+    """``insert_call`` for one job, returning its row."""
+    if job.depends_on:
+        return _first(_with_dependencies([job]))
+    return Autocommit(insert_one_flow(job))

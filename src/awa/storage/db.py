@@ -251,10 +251,39 @@ class CopyStatement:
     rows: Iterable[Sequence[Any]]
 
 
+@dataclass(frozen=True, slots=True)
+class Notifications:
+    """A step of a flow run in ``Listening``: wait up to ``timeout`` seconds (None: no
+    limit) for a notification; the step's result is the payloads received (maybe none)."""
+
+    timeout: float | None
+
+
 # A multi-step database conversation written once, without I/O: the generator yields
-# Statements (and CopyStatements), receives each decoded result, and returns the outcome.
-# drive_async / drive_sync run it on an asyncio or a blocking connection.
-Flow = Generator["Statement[Any] | CopyStatement", Any, R]
+# Statements (and CopyStatements, Notifications), receives each decoded result, and returns
+# the outcome. drive_async / drive_sync run it on an asyncio or a blocking connection.
+Flow = Generator["Statement[Any] | CopyStatement | Notifications", Any, R]
+
+
+@dataclass(frozen=True, slots=True)
+class Autocommit(Generic[R]):
+    """A flow whose statements commit one by one (no transaction around them)."""
+
+    flow: Flow[R]
+
+
+@dataclass(frozen=True, slots=True)
+class Listening(Generic[R]):
+    """A flow run while the connection listens on ``channel`` (its statements commit one by
+    one, so notifications arrive); the listening ends with the flow."""
+
+    channel: LiteralString
+    flow: Flow[R]
+
+
+# What a connection runs for a client method or an Operation: one statement (committed
+# alone), a flow (in a transaction, or a savepoint of the caller's), or one of the above.
+Call = Statement[R] | Flow[R] | Autocommit[R] | Listening[R]
 
 
 def _has_rows(cursor: psycopg.AsyncCursor[Any] | psycopg.Cursor[Any]) -> bool:
@@ -292,6 +321,10 @@ async def drive_async(conn: psycopg.AsyncConnection[Any], flow: Flow[R]) -> R:
                         for row in step.rows:
                             await copy.write_row(row)
                 result = None
+            elif isinstance(step, Notifications):
+                with translate_errors():
+                    notices = conn.notifies(timeout=step.timeout, stop_after=1)
+                    result = [notice.payload async for notice in notices]
             else:
                 result = await run_async(conn, step)
     except StopIteration as stop:
@@ -308,6 +341,10 @@ def drive_sync(conn: psycopg.Connection[Any], flow: Flow[R]) -> R:
                     for row in step.rows:
                         copy.write_row(row)
                 result = None
+            elif isinstance(step, Notifications):
+                with translate_errors():
+                    notices = conn.notifies(timeout=step.timeout, stop_after=1)
+                    result = [notice.payload for notice in notices]
             else:
                 result = run_sync(conn, step)
     except StopIteration as stop:
@@ -321,7 +358,7 @@ class Operation(Generic[P, R]):
     returns the result.
     """
 
-    def __init__(self, build: Callable[P, Statement[R] | Flow[R]]) -> None:
+    def __init__(self, build: Callable[P, Call[R]]) -> None:
         self.build = build
         self.__doc__ = build.__doc__
         self.__name__ = build.__name__
@@ -343,28 +380,51 @@ class Operation(Generic[P, R]):
         *args: P.args,
         **kwargs: P.kwargs,
     ) -> Coroutine[Any, Any, R] | R:
-        step = self.build(*args, **kwargs)
         if isinstance(conn, psycopg.AsyncConnection):
-            if isinstance(step, Statement):
-                return run_async(conn, step)
-            return _drive_atomically_async(conn, step)
+            return run_call_async(conn, self.build(*args, **kwargs))
         if isinstance(conn, psycopg.Connection):
-            if isinstance(step, Statement):
-                return run_sync(conn, step)
-            with conn.transaction():
-                return drive_sync(conn, step)
+            return run_call_sync(conn, self.build(*args, **kwargs))
         raise TypeError(
             f"{self.__name__}() needs a psycopg Connection or AsyncConnection, "
             f"not {type(conn).__name__}"
         )
 
 
-def operation(build: Callable[P, Statement[R] | Flow[R]]) -> Operation[P, R]:
+def operation(build: Callable[P, Call[R]]) -> Operation[P, R]:
     """Decorator: turn a builder of a statement, or of a multi-statement flow (run in a
     transaction, or a savepoint of the caller's), into an Operation."""
     return Operation(build)
 
 
-async def _drive_atomically_async(conn: psycopg.AsyncConnection[Any], flow: Flow[R]) -> R:
+async def run_call_async(conn: psycopg.AsyncConnection[Any], call: Call[R]) -> R:
+    """Run a call on an asyncio connection (see ``Call``)."""
+    if isinstance(call, Statement):
+        return await run_async(conn, call)
+    if isinstance(call, Autocommit):
+        return await drive_async(conn, call.flow)
+    if isinstance(call, Listening):
+        await conn.execute(f"LISTEN {call.channel}")
+        try:
+            return await drive_async(conn, call.flow)
+        finally:
+            with contextlib.suppress(psycopg.Error):
+                await conn.execute(f"UNLISTEN {call.channel}")
     async with conn.transaction():
-        return await drive_async(conn, flow)
+        return await drive_async(conn, call)
+
+
+def run_call_sync(conn: psycopg.Connection[Any], call: Call[R]) -> R:
+    """Run a call on a blocking connection (see ``Call``)."""
+    if isinstance(call, Statement):
+        return run_sync(conn, call)
+    if isinstance(call, Autocommit):
+        return drive_sync(conn, call.flow)
+    if isinstance(call, Listening):
+        conn.execute(f"LISTEN {call.channel}")
+        try:
+            return drive_sync(conn, call.flow)
+        finally:
+            with contextlib.suppress(psycopg.Error):
+                conn.execute(f"UNLISTEN {call.channel}")
+    with conn.transaction():
+        return drive_sync(conn, call)

@@ -1,98 +1,34 @@
-"""The reference package's storage-engine calls and ``flush_admin_metadata`` as client
-methods: ``AsyncStorageMethods`` is mixed into ``AsyncClient`` (coroutines),
-``StorageMethods`` into the blocking ``Client``. What they report and do is ``awa.storage.engine``'s
-(awa has one engine) and ``awa.storage.flush_admin_metadata``."""
+"""The reference package's storage-engine calls and ``flush_admin_metadata`` as methods of
+both clients. What they report and do is ``awa.storage.engine``'s (awa has one engine)."""
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any
-
-import psycopg
-
 from awa.errors import AwaError
 from awa.sql import query
-from awa.storage import engine as storage
-from awa.storage.db import translate_errors
+from awa.storage import engine
+from awa.storage.calls import client_method, operation_method
+from awa.storage.db import Call, Flow, Statement
 from awa.storage.engine import (
     DEFAULT_QUEUE_STORAGE_LEASE_SLOT_COUNT,
     DEFAULT_QUEUE_STORAGE_QUEUE_SLOT_COUNT,
     DEFAULT_QUEUE_STORAGE_SCHEMA,
 )
-from awa.storage.migrations import migrate_async, migrate_sync
+from awa.storage.migrations import migration_flow
 
 
-def _check_idle(client: object) -> None:
-    if getattr(client, "_runtime", None) is not None:
-        raise AwaError(storage.RUNNING_ERROR)
-
-
-class AsyncStorageMethods:
-    """Mixin of AsyncClient: storage status and upkeep (see ``awa.storage.engine``)."""
-
-    def connection(self) -> contextlib.AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]:
-        raise NotImplementedError  # provided by AsyncClient
-
-    async def storage_status(self) -> str:
-        """The storage engine, as pretty JSON in the reference's shape: awa's one engine,
-        active, in the schema ``awa``, at the schema's migration version."""
-        async with self.connection() as conn:
-            return await storage.storage_status(conn)
-
-    async def install_queue_storage(
-        self,
-        *,
-        schema: str = DEFAULT_QUEUE_STORAGE_SCHEMA,
-        queue_slot_count: int = DEFAULT_QUEUE_STORAGE_QUEUE_SLOT_COUNT,
-        lease_slot_count: int = DEFAULT_QUEUE_STORAGE_LEASE_SLOT_COUNT,
-        reset: bool = False,
-    ) -> None:
-        """The reference's install: here the migrations built the storage already, so this
-        checks its arguments and that the schema is migrated. ``reset=True`` empties it as
-        the reference does: the schema ``awa`` is dropped (every job, schedule and setting)
-        and migrated again, in one transaction. Not while this client's worker runs."""
-        _check_idle(self)
-        storage.check_storage_options(schema, queue_slot_count, lease_slot_count, reset)
-        async with self.connection() as conn:
-            if not reset:
-                await storage.check_installed(conn)
-                return
-            with translate_errors():
-                async with conn.transaction():
-                    await conn.execute(query("storage_drop"))
-                    await migrate_async(conn)
-
-    async def prepare_queue_storage_schema(
-        self,
-        *,
-        schema: str = DEFAULT_QUEUE_STORAGE_SCHEMA,
-        queue_slot_count: int = DEFAULT_QUEUE_STORAGE_QUEUE_SLOT_COUNT,
-        lease_slot_count: int = DEFAULT_QUEUE_STORAGE_LEASE_SLOT_COUNT,
-    ) -> None:
-        """The reference's prepare: checks its arguments and that the schema is migrated
-        (the migrations create the storage's tables; there is nothing else to prepare)."""
-        storage.check_storage_options(schema, queue_slot_count, lease_slot_count)
-        async with self.connection() as conn:
-            await storage.check_installed(conn)
-
-    async def flush_admin_metadata(self) -> None:
-        """Bring the maintenance leader's admin caches up to date now (the count rows of
-        completed jobs, the queue samples behind the queue gauges and the UI), for when no
-        leader runs; ``queue_stats()`` itself always counts live."""
-        async with self.connection() as conn:
-            await storage.flush_admin_metadata(conn)
+def _reset() -> Flow[None]:
+    """Drop the schema ``awa`` and migrate again, in one transaction."""
+    yield Statement(query("storage_drop"), None, lambda rows: None)
+    yield from migration_flow()
 
 
 class StorageMethods:
-    """Mixin of the blocking Client: the same as ``AsyncStorageMethods``."""
+    """Mixin of both clients: storage status and upkeep (see ``awa.storage.engine``)."""
 
-    def connection(self) -> contextlib.AbstractContextManager[psycopg.Connection[Any]]:
-        raise NotImplementedError  # provided by Client
+    storage_status = operation_method(engine.storage_status)
+    flush_admin_metadata = operation_method(engine.flush_admin_metadata)
 
-    def storage_status(self) -> str:
-        with self.connection() as conn:
-            return storage.storage_status(conn)
-
+    @client_method
     def install_queue_storage(
         self,
         *,
@@ -100,27 +36,33 @@ class StorageMethods:
         queue_slot_count: int = DEFAULT_QUEUE_STORAGE_QUEUE_SLOT_COUNT,
         lease_slot_count: int = DEFAULT_QUEUE_STORAGE_LEASE_SLOT_COUNT,
         reset: bool = False,
-    ) -> None:
-        storage.check_storage_options(schema, queue_slot_count, lease_slot_count, reset)
-        with self.connection() as conn:
-            if not reset:
-                storage.check_installed(conn)
-                return
-            with translate_errors(), conn.transaction():
-                conn.execute(query("storage_drop"))
-                migrate_sync(conn)
+    ) -> Call[None]:
+        """The reference's install: here the migrations built the storage already, so this
+        checks its arguments and that the schema is migrated. ``reset=True`` empties it as
+        the reference does: the schema ``awa`` is dropped (every job, schedule and setting)
+        and migrated again, in one transaction. Not while this client's worker runs."""
+        if getattr(self, "_runtime", None) is not None:
+            raise AwaError(engine.RUNNING_ERROR)
+        engine.check_storage_options(schema, queue_slot_count, lease_slot_count, reset)
+        return _reset() if reset else engine.check_installed.build()
 
+    @client_method
     def prepare_queue_storage_schema(
         self,
         *,
         schema: str = DEFAULT_QUEUE_STORAGE_SCHEMA,
         queue_slot_count: int = DEFAULT_QUEUE_STORAGE_QUEUE_SLOT_COUNT,
         lease_slot_count: int = DEFAULT_QUEUE_STORAGE_LEASE_SLOT_COUNT,
-    ) -> None:
-        storage.check_storage_options(schema, queue_slot_count, lease_slot_count)
-        with self.connection() as conn:
-            storage.check_installed(conn)
+    ) -> Call[None]:
+        """The reference's prepare: checks its arguments and that the schema is migrated
+        (the migrations create the storage's tables; there is nothing else to prepare)."""
+        engine.check_storage_options(schema, queue_slot_count, lease_slot_count)
+        return engine.check_installed.build()
 
-    def flush_admin_metadata(self) -> None:
-        with self.connection() as conn:
-            storage.flush_admin_metadata(conn)
+    @client_method
+    def migrate(self) -> Call[list[int]]:
+        """Create or upgrade the awa schema; returns the migration versions applied."""
+        return migration_flow()
+
+
+__all__ = ["StorageMethods"]

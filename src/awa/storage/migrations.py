@@ -16,45 +16,38 @@ import psycopg
 
 from awa.errors import SchemaNotMigrated
 from awa.sql import Migration, current_version, migrations, query
-from awa.storage.db import Flow, Statement, resolve_database_url, translate_errors
+from awa.storage.db import Flow, Statement, operation, resolve_database_url, translate_errors
 
 
 def _pending(applied: set[int]) -> list[Migration]:
     return [migration for migration in migrations() if migration.version not in applied]
 
 
-async def migrate_async(conn: psycopg.AsyncConnection[Any]) -> list[int]:
-    """Apply pending migrations; returns the versions applied by this call."""
-    with translate_errors():
-        async with conn.transaction():
-            await conn.execute(query("migrate_lock"))
-            await conn.execute(query("migrate_bootstrap"))
-            cursor = await conn.execute(query("migrate_applied_versions"))
-            applied = {row[0] for row in await cursor.fetchall()}
-            todo = _pending(applied)
-            for migration in todo:
-                await conn.execute(migration.sql)
-                await conn.execute(
-                    query("migrate_record"),
-                    {"version": migration.version, "name": migration.name},
-                )
+def _versions(rows: list[tuple[Any, ...]]) -> set[int]:
+    return {row[0] for row in rows}
+
+
+def _nothing(rows: list[Any]) -> None:
+    return None
+
+
+def migration_flow() -> Flow[list[int]]:
+    """Apply pending migrations (run it in one transaction: it takes the migration lock);
+    returns the versions applied by this call."""
+    yield Statement(query("migrate_lock"), None, _nothing)
+    yield Statement(query("migrate_bootstrap"), None, _nothing)
+    applied = yield Statement(query("migrate_applied_versions"), None, _versions, tuples=True)
+    todo = _pending(applied)
+    for migration in todo:
+        yield Statement(migration.sql, None, _nothing)
+        params = {"version": migration.version, "name": migration.name}
+        yield Statement(query("migrate_record"), params, _nothing)
     return [migration.version for migration in todo]
 
 
-def migrate_sync(conn: psycopg.Connection[Any]) -> list[int]:
-    """Blocking twin of :func:`migrate_async`."""
-    with translate_errors(), conn.transaction():
-        conn.execute(query("migrate_lock"))
-        conn.execute(query("migrate_bootstrap"))
-        applied = {row[0] for row in conn.execute(query("migrate_applied_versions"))}
-        todo = _pending(applied)
-        for migration in todo:
-            conn.execute(migration.sql)
-            conn.execute(
-                query("migrate_record"),
-                {"version": migration.version, "name": migration.name},
-            )
-    return [migration.version for migration in todo]
+# Applying the migrations on a connection (``migrate_async(conn)`` awaited on an asyncio one,
+# ``migrate_sync(conn)`` on a blocking one): the same Operation under the callers' two names.
+migrate_async = migrate_sync = operation(migration_flow)
 
 
 def migration_script() -> str:

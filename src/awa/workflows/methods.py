@@ -1,4 +1,4 @@
-"""Workflow, batch and waiting methods of ``AsyncClient`` and ``Client`` (mixins).
+"""Workflow, batch and waiting methods of both clients (``AsyncClient`` and ``Client``).
 
 Waiting uses a notification, not polling: ``wait`` marks the job watched (its final state is
 then announced on the ``awa_finished`` channel, by the trigger of migration 11) after it has
@@ -7,22 +7,21 @@ started listening, and returns as soon as the job is completed, failed or cancel
 
 from __future__ import annotations
 
-import contextlib
 import time
 import uuid
 from collections.abc import Iterable
 from typing import Any
-
-import psycopg
 
 from awa.core.arguments import check_id, check_ids, check_seconds
 from awa.errors import AwaError, ValidationError
 from awa.model import TERMINAL_STATES, JobRow
 from awa.producer.insert import InsertRules
 from awa.sql import query
-from awa.storage.db import Statement, drive_async, drive_sync, run_async, run_sync
+from awa.storage.calls import client_method
+from awa.storage.db import Call, Flow, Listening, Notifications, Statement
 from awa.workflows.operations import (
     BatchRun,
+    Step,
     Workflow,
     WorkflowInfo,
     WorkflowRun,
@@ -101,119 +100,79 @@ def _timeout(value: object) -> float | None:
         raise ValidationError(f"{error} (None waits without a limit)") from None
 
 
-class AsyncWorkflowMethods:
-    """Mixin of ``AsyncClient``."""
+def _insert_batch(workflow: Workflow, fan_in: Step, rules: InsertRules) -> Flow[BatchRun]:
+    run = yield from workflow.flow(rules)
+    return BatchRun(run.id, run.jobs[: fan_in.index], run[fan_in])
+
+
+def _first(job_id: int, flow: Flow[dict[int, JobRow]]) -> Flow[JobRow]:
+    return (yield from flow)[job_id]
+
+
+def _wait_flow(waiting: _Waiting) -> Flow[dict[int, JobRow]]:
+    """Watch the jobs, then take in the announced ones until none is pending (run while
+    listening on ``CHANNEL``)."""
+    yield waiting.watch(waiting.ids)
+    while waiting.pending:
+        payloads = yield Notifications(waiting.time_left())
+        announced = waiting.announced(payloads)
+        if announced:
+            yield waiting.watch(announced)
+    return waiting.finished
+
+
+class WorkflowMethods:
+    """Mixin of both clients: workflows, batches and waiting for jobs."""
 
     _insert_rules: InsertRules
 
-    def connection(self) -> contextlib.AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]:
-        raise NotImplementedError  # provided by AsyncClient
-
-    async def insert_workflow(self, workflow: Workflow) -> WorkflowRun:
+    @client_method
+    def insert_workflow(self, workflow: Workflow) -> Call[WorkflowRun]:
         """Insert every job of ``workflow`` atomically, with its dependencies."""
-        async with self.connection() as conn, conn.transaction():
-            return await drive_async(conn, workflow.flow(self._insert_rules))
+        return workflow.flow(self._insert_rules)
 
-    async def insert_batch(
-        self, members: Iterable[Any], *, on_complete: Any, **options: Any
-    ) -> BatchRun:
+    @client_method
+    def insert_batch(
+        self, /, members: Iterable[Any], *, on_complete: Any, **options: Any
+    ) -> Call[BatchRun]:
         """Insert ``members`` and a fan-in job ``on_complete`` (args or an
         ``awa.EnqueueRequest``) that runs once after all of them finished, whatever their
         outcomes; ``options`` apply to each member."""
         workflow, fan_in = batch_workflow(members, on_complete, options)
-        run = await self.insert_workflow(workflow)
-        return BatchRun(run.id, run.jobs[: fan_in.index], run[fan_in])
+        return _insert_batch(workflow, fan_in, self._insert_rules)
 
-    async def get_workflow(self, workflow: uuid.UUID | str) -> WorkflowInfo:
+    @client_method
+    def get_workflow(self, workflow: uuid.UUID | str) -> Call[WorkflowInfo]:
         """Every job of a workflow (or batch) with its state and dependencies."""
         statement = get_workflow_statement(workflow)
-        async with self.connection() as conn:
-            return WorkflowInfo(workflow_id(workflow), await run_async(conn, statement))
+        found = workflow_id(workflow)
+        return Statement(
+            statement.sql,
+            statement.params,
+            lambda rows: WorkflowInfo(found, statement.decode(rows)),
+        )
 
-    async def cancel_workflow(self, workflow: uuid.UUID | str) -> int:
+    @client_method
+    def cancel_workflow(self, workflow: uuid.UUID | str) -> Call[int]:
         """Cancel every unfinished job of a workflow; returns how many."""
-        statement = cancel_workflow_statement(workflow)
-        async with self.connection() as conn:
-            return await run_async(conn, statement)
+        return cancel_workflow_statement(workflow)
 
-    async def wait(self, job_id: int, *, timeout: float | None = None) -> JobRow:
+    @client_method
+    def wait(self, job_id: int, *, timeout: float | None = None) -> Call[JobRow]:
         """The job's row once it is completed, failed or cancelled (with its output).
         Raises WaitTimeout after ``timeout`` seconds (a finite number from 0 to 100 years;
         None: no limit), ValidationError for an unknown id or a bad argument."""
         check_id("job_id", job_id)
-        return (await self.wait_many([job_id], timeout=timeout))[job_id]
+        waiting = _Waiting([job_id], timeout)
+        return Listening(CHANNEL, _first(job_id, _wait_flow(waiting)))
 
-    async def wait_many(
-        self, job_ids: Iterable[int], *, timeout: float | None = None
-    ) -> dict[int, JobRow]:
-        """``wait`` for several jobs (1 to 10,000 ids): their final rows by id, once all have
-        finished."""
-        waiting = _Waiting(job_ids, timeout)
-        async with self.connection() as conn:
-            await conn.execute(f"LISTEN {CHANNEL}")
-            try:
-                await run_async(conn, waiting.watch(waiting.ids))
-                while waiting.pending:
-                    left = waiting.time_left()
-                    notices = conn.notifies(timeout=left, stop_after=1)
-                    announced = waiting.announced([notice.payload async for notice in notices])
-                    if announced:
-                        await run_async(conn, waiting.watch(announced))
-            finally:
-                with contextlib.suppress(psycopg.Error):
-                    await conn.execute(f"UNLISTEN {CHANNEL}")
-        return waiting.finished
-
-
-class WorkflowMethods:
-    """Mixin of the blocking ``Client``."""
-
-    _insert_rules: InsertRules
-
-    def connection(self) -> contextlib.AbstractContextManager[psycopg.Connection[Any]]:
-        raise NotImplementedError  # provided by Client
-
-    def insert_workflow(self, workflow: Workflow) -> WorkflowRun:
-        with self.connection() as conn, conn.transaction():
-            return drive_sync(conn, workflow.flow(self._insert_rules))
-
-    def insert_batch(self, members: Iterable[Any], *, on_complete: Any, **options: Any) -> BatchRun:
-        workflow, fan_in = batch_workflow(members, on_complete, options)
-        run = self.insert_workflow(workflow)
-        return BatchRun(run.id, run.jobs[: fan_in.index], run[fan_in])
-
-    def get_workflow(self, workflow: uuid.UUID | str) -> WorkflowInfo:
-        statement = get_workflow_statement(workflow)
-        with self.connection() as conn:
-            return WorkflowInfo(workflow_id(workflow), run_sync(conn, statement))
-
-    def cancel_workflow(self, workflow: uuid.UUID | str) -> int:
-        statement = cancel_workflow_statement(workflow)
-        with self.connection() as conn:
-            return run_sync(conn, statement)
-
-    def wait(self, job_id: int, *, timeout: float | None = None) -> JobRow:
-        check_id("job_id", job_id)
-        return self.wait_many([job_id], timeout=timeout)[job_id]
-
+    @client_method
     def wait_many(
         self, job_ids: Iterable[int], *, timeout: float | None = None
-    ) -> dict[int, JobRow]:
-        waiting = _Waiting(job_ids, timeout)
-        with self.connection() as conn:
-            conn.execute(f"LISTEN {CHANNEL}")
-            try:
-                run_sync(conn, waiting.watch(waiting.ids))
-                while waiting.pending:
-                    left = waiting.time_left()
-                    notices = conn.notifies(timeout=left, stop_after=1)
-                    announced = waiting.announced([notice.payload for notice in notices])
-                    if announced:
-                        run_sync(conn, waiting.watch(announced))
-            finally:
-                with contextlib.suppress(psycopg.Error):
-                    conn.execute(f"UNLISTEN {CHANNEL}")
-        return waiting.finished
+    ) -> Call[dict[int, JobRow]]:
+        """``wait`` for several jobs (1 to 10,000 ids): their final rows by id, once all have
+        finished."""
+        return Listening(CHANNEL, _wait_flow(_Waiting(job_ids, timeout)))
 
 
-__all__ = ["AsyncWorkflowMethods", "WaitTimeout", "WorkflowMethods"]
+__all__ = ["WaitTimeout", "WorkflowMethods"]
