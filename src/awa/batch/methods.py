@@ -8,7 +8,7 @@ from typing import Any
 
 from awa.batch import operations as ops
 from awa.batch.operations import BatchOperation, BatchOperationFilter, BatchOperationPreview
-from awa.storage.calls import client_method, operation_method
+from awa.storage.calls import client_method
 from awa.storage.db import Call
 
 Filter = BatchOperationFilter | Mapping[str, Any] | None
@@ -22,14 +22,8 @@ def _move_spec(queue: str, priority: int | None) -> dict[str, Any]:
 
 
 class BatchMethods:
-    """Mixin of both clients: durable batch operations."""
-
-    preview_batch_operation = operation_method(ops.preview_batch_operation)
-    submit_batch_operation = operation_method(ops.submit_batch_operation)
-    list_batch_operations = operation_method(ops.list_batch_operations)
-    get_batch_operation = operation_method(ops.get_batch_operation)
-    cancel_batch_operation = operation_method(ops.cancel_batch_operation)
-    purge_batch_operations = operation_method(ops.purge_batch_operations)
+    """Mixin of both clients: the batch operations of one kind (the generic ones are the
+    operations of ``awa.batch.operations``, bound in ``awa.client.methods``)."""
 
     @client_method
     def preview_set_priority(

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, Unpack
 
 import psycopg
@@ -19,7 +18,7 @@ import psycopg_pool
 from awa.callbacks.resolution import CallbackResolution
 from awa.client.methods import ClientMethods
 from awa.client.transaction import Transaction
-from awa.core.arguments import check_client_options, check_seconds
+from awa.core.arguments import check_seconds
 from awa.descriptors.duty import store_descriptors
 from awa.descriptors.methods import DescriptorDeclarations
 from awa.descriptors.operations import DescriptorCatalog
@@ -33,10 +32,7 @@ from awa.observability.tracing import describe_insert, producing
 from awa.periodic.duty import store_periodic_jobs
 from awa.periodic.jobs import PeriodicJob, define_periodic
 from awa.producer.insert import (
-    MAX_ARGS_BYTES,
-    MAX_METADATA_BYTES,
     InsertKwargs,
-    InsertRules,
     prepare_job,
     split_kwargs,
 )
@@ -44,17 +40,15 @@ from awa.producer.lanes import InsertLanes
 from awa.producer.statements import insert_one_call
 from awa.storage.calls import AsyncDriver
 from awa.storage.db import (
-    DEFAULT_APPLICATION_NAME,
-    async_pool,
-    check_connection_async,
+    check_connection,
     drive_async,
+    new_pool,
     resolve_database_url,
     translate_errors,
 )
 from awa.storage.migrations import check_version, schema_version_flow
 from awa.worker import reference_options
 from awa.worker.limits import store_dlq_settings, store_limits, store_retention
-from awa.worker.registry import TaskRegistry
 
 if TYPE_CHECKING:
     from awa.worker.runtime import Runtime
@@ -75,45 +69,23 @@ class AsyncClient(
     ``deadline_duration`` (seconds or timedelta per attempt; 0 means none).
     """
 
-    def __init__(
-        self,
-        url: str | None = None,
-        *,
-        max_connections: int = 10,
-        application_name: str = DEFAULT_APPLICATION_NAME,
-        max_args_bytes: int = MAX_ARGS_BYTES,
-        max_metadata_bytes: int = MAX_METADATA_BYTES,
-    ) -> None:
-        check_client_options(max_connections, application_name)
-        self._url = url
-        self._max_connections = max_connections
-        self._application_name = application_name
+    def _setup(self) -> None:
         self._pool: psycopg_pool.AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
         self._pool_lock = asyncio.Lock()
         self._resolved_url: str | None = None
-        self._tasks = TaskRegistry()
         self._runtime: Runtime | None = None
         self._stopping: Runtime | None = None  # the runtime a shutdown is stopping
         self._hooks = HookRegistry()
-        # Every insert of this client (follow-ups and staged ones too): the queue of each
-        # kind's task for inserts that name none, and the size limits.
-        self._insert_rules = InsertRules(
-            self._tasks.routes, max_args_bytes, max_metadata_bytes, self._tasks.defaults
-        )
         self._follow_ups = FollowUpRegistry(self._insert_rules)
-        # Single inserts crowding in from many coroutines share round trips and commits.
         self._periodic: dict[str, PeriodicJob] = {}
         self._descriptors = DescriptorCatalog()  # stored at start()
+        # Single inserts crowding in from many coroutines share round trips and commits.
         self._lanes = InsertLanes(
-            self._acquire, self._release, lanes=min(4, max(1, max_connections // 2))
+            self._acquire, self._release, lanes=min(4, max(1, self._max_connections // 2))
         )
         self.hook_dispatcher = HookDispatcher(self._hooks)
 
     # Shared with the blocking client: awa.client.methods (producer, operator, health, tasks).
-
-    @property
-    def application_name(self) -> str:
-        return self._application_name
 
     async def database_url(self) -> str:
         """The connection string in use (starting the embedded server if that is the one)."""
@@ -127,13 +99,13 @@ class AsyncClient(
             async with self._pool_lock:
                 if self._pool is None:
                     url = await self.database_url()
-                    pool = async_pool(
+                    await asyncio.to_thread(check_connection, url)
+                    pool = new_pool(
+                        psycopg_pool.AsyncConnectionPool,
                         url,
-                        min_size=1,
                         max_size=self._max_connections,
                         application_name=self._application_name,
                     )
-                    await check_connection_async(url)
                     with translate_errors():
                         await pool.open(wait=True, timeout=30)
                     self._pool = pool
@@ -156,17 +128,6 @@ class AsyncClient(
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     # Producer -----------------------------------------------------------------------------
 

@@ -9,11 +9,12 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar, Unpack
 
-from awa import admin
+from awa import admin, callbacks
+from awa.batch import operations as batch
 from awa.batch.methods import BatchMethods
-from awa.core.arguments import check_flag, check_seconds
-from awa.descriptors.methods import DescriptorMethods
-from awa.dlq.methods import DlqMethods
+from awa.core.arguments import check_client_options, check_flag, check_seconds
+from awa.descriptors import operations as descriptors
+from awa.dlq import operations as dlq
 from awa.errors import AwaError, DatabaseError, SchemaNotMigrated
 from awa.model import JobRow, UniqueOpts
 from awa.observability.health import (
@@ -26,12 +27,21 @@ from awa.observability.health import (
     unreachable,
 )
 from awa.observability.tracing import describe_insert, producing
-from awa.periodic.methods import PeriodicMethods
+from awa.periodic import operations as periodic
 from awa.producer.copy import copy_flow, with_per_job_opts
-from awa.producer.insert import InsertKwargs, InsertRules, TaskDefaults, prepare_many, split_kwargs
+from awa.producer.insert import (
+    MAX_ARGS_BYTES,
+    MAX_METADATA_BYTES,
+    InsertKwargs,
+    InsertRules,
+    TaskDefaults,
+    prepare_many,
+    split_kwargs,
+)
 from awa.producer.statements import insert_call
+from awa.storage import engine
 from awa.storage.calls import Recovering, Within, client_method, operation_method
-from awa.storage.db import Call
+from awa.storage.db import DEFAULT_APPLICATION_NAME, Call
 from awa.storage.methods import StorageMethods
 from awa.worker.config import RetryPolicy
 from awa.worker.registry import TaskRegistry
@@ -142,8 +152,10 @@ class ProducerMethods:
 
 
 class OperatorMethods:
-    """Jobs and queues (``awa.admin``'s operations on a pooled connection), and health."""
+    """The operations (statements on any connection, also ``awa.admin``'s) that both clients
+    run on a pooled connection, and the health check."""
 
+    # Jobs and queues.
     get_job = operation_method(admin.get_job)
     list_jobs = operation_method(admin.list_jobs)
     cancel = operation_method(admin.cancel)
@@ -153,6 +165,35 @@ class OperatorMethods:
     resume_queue = operation_method(admin.resume_queue)
     drain_queue = operation_method(admin.drain_queue)
     queue_stats = operation_method(admin.queue_stats)
+    # Periodic jobs (the reference's "cron" names).
+    list_cron_jobs = operation_method(periodic.list_cron_jobs)
+    pause_cron_job = operation_method(periodic.pause_cron_job)
+    resume_cron_job = operation_method(periodic.resume_cron_job)
+    trigger_cron_job = operation_method(periodic.trigger_cron_job)
+    delete_cron_job = operation_method(periodic.delete_cron_job)
+    # The dead-letter queue.
+    list_dlq = operation_method(dlq.list_dlq)
+    get_dlq_job = operation_method(dlq.get_dlq_job)
+    dlq_depth = operation_method(dlq.dlq_depth)
+    dlq_depth_by_queue = operation_method(dlq.dlq_depth_by_queue)
+    retry_from_dlq = operation_method(dlq.retry_from_dlq)
+    bulk_retry_from_dlq = operation_method(dlq.bulk_retry_from_dlq)
+    move_failed_to_dlq = operation_method(dlq.move_failed_to_dlq)
+    bulk_move_failed_to_dlq = operation_method(dlq.bulk_move_failed_to_dlq)
+    purge_dlq_job = operation_method(dlq.purge_dlq_job)
+    purge_dlq = operation_method(dlq.purge_dlq)
+    # Durable batch operations.
+    preview_batch_operation = operation_method(batch.preview_batch_operation)
+    submit_batch_operation = operation_method(batch.submit_batch_operation)
+    list_batch_operations = operation_method(batch.list_batch_operations)
+    get_batch_operation = operation_method(batch.get_batch_operation)
+    cancel_batch_operation = operation_method(batch.cancel_batch_operation)
+    purge_batch_operations = operation_method(batch.purge_batch_operations)
+    # Descriptors, storage.
+    list_queue_descriptors = operation_method(descriptors.list_queue_descriptors)
+    list_job_kind_descriptors = operation_method(descriptors.list_job_kind_descriptors)
+    storage_status = operation_method(engine.storage_status)
+    flush_admin_metadata = operation_method(engine.flush_admin_metadata)
 
     @client_method
     def retry_failed(
@@ -196,15 +237,56 @@ class OperatorMethods:
         return Recovering(flow, recover, HEALTH_CHECK_TIMEOUT)
 
 
+class CallbackMethods:
+    """The blocking client's answers to callbacks: transitions only (``AsyncClient``'s own
+    run the follow-ups and hooks registered on it: ``awa.callbacks.resolution``)."""
+
+    complete_external = operation_method(callbacks.complete_external)
+    fail_external = operation_method(callbacks.fail_external)
+    retry_external = operation_method(callbacks.retry_external)
+    resolve_callback = operation_method(callbacks.resolve_callback)
+    resume_external = operation_method(callbacks.resume_external)
+    heartbeat_callback = operation_method(callbacks.heartbeat_callback)
+
+
 class ClientMethods(
     TaskMethods,
     ProducerMethods,
     OperatorMethods,
-    PeriodicMethods,
-    DlqMethods,
     BatchMethods,
-    DescriptorMethods,
     WorkflowMethods,
     StorageMethods,
 ):
-    """Every method both clients share."""
+    """Every method both clients share, and their construction."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        max_connections: int = 10,
+        application_name: str = DEFAULT_APPLICATION_NAME,
+        max_args_bytes: int = MAX_ARGS_BYTES,
+        max_metadata_bytes: int = MAX_METADATA_BYTES,
+    ) -> None:
+        """A client of the database at ``url`` (None: ``DATABASE_URL``, then the libpq
+        ``PG*`` variables, then the embedded server), connecting on first use, with up to
+        ``max_connections`` pooled connections; inserts refuse args and metadata larger
+        than ``max_args_bytes`` and ``max_metadata_bytes`` (as JSON)."""
+        check_client_options(max_connections, application_name)
+        self._url = url
+        self._max_connections = max_connections
+        self._application_name = application_name
+        self._tasks = TaskRegistry()
+        # Every insert of this client (follow-ups and staged ones too): the queue of each
+        # kind's task for inserts that name none, per-task defaults and the size limits.
+        self._insert_rules = InsertRules(
+            self._tasks.routes, max_args_bytes, max_metadata_bytes, self._tasks.defaults
+        )
+        self._setup()
+
+    def _setup(self) -> None:
+        """The state of one kind of client (its pool, lock, worker registries)."""
+
+    @property
+    def application_name(self) -> str:
+        return self._application_name

@@ -1,23 +1,14 @@
-"""Descriptors as client methods: declaring them for the worker to store (``AsyncClient``
-only), and reading the stored ones (both clients)."""
+"""Declaring descriptors for the worker to store (``AsyncClient`` only; reading the stored
+ones: the operations of ``awa.descriptors.operations``, methods of both clients)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from awa.descriptors import operations as ops
 from awa.descriptors.operations import Descriptor, DescriptorCatalog
 from awa.errors import AwaError
 from awa.model import check_name
-from awa.storage.calls import operation_method
-
-
-class DescriptorMethods:
-    """Mixin of both clients: the stored descriptors (see ``awa.admin``)."""
-
-    list_queue_descriptors = operation_method(ops.list_queue_descriptors)
-    list_job_kind_descriptors = operation_method(ops.list_job_kind_descriptors)
 
 
 class DescriptorDeclarations:

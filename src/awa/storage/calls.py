@@ -46,10 +46,20 @@ ClientCall = Call[R] | Recovering[R] | Within[Any, R]
 
 
 class AsyncDriver:
-    """Runs client calls on an asyncio pool (``AsyncClient`` provides ``pool``)."""
+    """Runs client calls on an asyncio pool (``AsyncClient`` provides ``pool`` and
+    ``close``); ``async with client:`` closes it at the end."""
 
     async def pool(self) -> psycopg_pool.AsyncConnectionPool[psycopg.AsyncConnection[Any]]:
         raise NotImplementedError
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
 
     async def _drive(self, call: ClientCall[R], wait: float | None = None) -> R:
         if isinstance(call, Within):
@@ -67,10 +77,20 @@ class AsyncDriver:
 
 
 class BlockingDriver:
-    """Runs client calls on a blocking pool (``Client`` provides ``pool``)."""
+    """Runs client calls on a blocking pool (``Client`` provides ``pool`` and ``close``);
+    ``with client:`` closes it at the end."""
 
     def pool(self) -> psycopg_pool.ConnectionPool[psycopg.Connection[Any]]:
         raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def _drive(self, call: ClientCall[R], wait: float | None = None) -> R:
         if isinstance(call, Within):

@@ -127,30 +127,18 @@ def connection_kwargs(application_name: str) -> dict[str, Any]:
     return {"autocommit": True, "application_name": application_name, "context": ADAPTERS}
 
 
-def async_pool(
-    url: str, *, min_size: int, max_size: int, application_name: str
-) -> psycopg_pool.AsyncConnectionPool[psycopg.AsyncConnection[Any]]:
-    return psycopg_pool.AsyncConnectionPool(
-        url,
-        min_size=min_size,
-        max_size=max_size,
-        kwargs=connection_kwargs(application_name),
-        open=False,
-        name="awa",
-    )
+PoolT = TypeVar(
+    "PoolT",
+    psycopg_pool.AsyncConnectionPool[psycopg.AsyncConnection[Any]],
+    psycopg_pool.ConnectionPool[psycopg.Connection[Any]],
+)
 
 
-def sync_pool(
-    url: str, *, min_size: int, max_size: int, application_name: str
-) -> psycopg_pool.ConnectionPool[psycopg.Connection[Any]]:
-    return psycopg_pool.ConnectionPool(
-        url,
-        min_size=min_size,
-        max_size=max_size,
-        kwargs=connection_kwargs(application_name),
-        open=False,
-        name="awa",
-    )
+def new_pool(pool_class: type[PoolT], url: str, *, max_size: int, application_name: str) -> PoolT:
+    """A client's pool (``psycopg_pool.AsyncConnectionPool`` or ``ConnectionPool``) of awa's
+    connections, not opened yet."""
+    kwargs = connection_kwargs(application_name)
+    return pool_class(url, min_size=1, max_size=max_size, kwargs=kwargs, open=False, name="awa")
 
 
 CONNECT_TIMEOUT = 10
@@ -174,17 +162,9 @@ def _unreachable(url: str, error: psycopg.Error) -> DatabaseError:
     return DatabaseError(f"cannot connect to the database {safe}: {detail}")
 
 
-async def check_connection_async(url: str) -> None:
+def check_connection(url: str) -> None:
     """Fail fast, with the reason, when the database cannot be reached (a pool would retry
-    quietly for its whole timeout)."""
-    try:
-        conn = await psycopg.AsyncConnection.connect(url, connect_timeout=CONNECT_TIMEOUT)
-    except psycopg.Error as error:
-        raise _unreachable(url, error) from error
-    await conn.close()
-
-
-def check_connection_sync(url: str) -> None:
+    quietly for its whole timeout). Blocking: asyncio callers run it in a thread."""
     try:
         conn = psycopg.connect(url, connect_timeout=CONNECT_TIMEOUT)
     except psycopg.Error as error:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from awa.errors import AwaError
 from awa.sql import query
 from awa.storage import engine
-from awa.storage.calls import client_method, operation_method
+from awa.storage.calls import client_method
 from awa.storage.db import Call, Flow, Statement
 from awa.storage.engine import (
     DEFAULT_QUEUE_STORAGE_LEASE_SLOT_COUNT,
@@ -24,9 +24,6 @@ def _reset() -> Flow[None]:
 
 class StorageMethods:
     """Mixin of both clients: storage status and upkeep (see ``awa.storage.engine``)."""
-
-    storage_status = operation_method(engine.storage_status)
-    flush_admin_metadata = operation_method(engine.flush_admin_metadata)
 
     @client_method
     def install_queue_storage(
