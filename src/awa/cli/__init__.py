@@ -21,30 +21,16 @@ from awa.cli import (  # noqa: F401 - each module adds its commands to ``main``
     worker,
     workflows,
 )
-from awa.cli.group import (
-    CliError,
-    CliState,
-    CliUsageError,
-    client_from_context,
-    database_url_from_context,
-    json_option,
-    main,
-    pass_client,
-    print_json,
-    print_table,
-    to_jsonable,
-)
 
-__all__ = [
-    "CliError",
-    "CliState",
-    "CliUsageError",
-    "client_from_context",
-    "database_url_from_context",
-    "json_option",
-    "main",
-    "pass_client",
-    "print_json",
-    "print_table",
-    "to_jsonable",
-]
+# The command and the helpers of awa.cli.group, re-exported for programs that extend it.
+from awa.cli.group import CliError as CliError
+from awa.cli.group import CliState as CliState
+from awa.cli.group import CliUsageError as CliUsageError
+from awa.cli.group import client_from_context as client_from_context
+from awa.cli.group import database_url_from_context as database_url_from_context
+from awa.cli.group import json_option as json_option
+from awa.cli.group import main as main
+from awa.cli.group import pass_client as pass_client
+from awa.cli.group import print_json as print_json
+from awa.cli.group import print_table as print_table
+from awa.cli.group import to_jsonable as to_jsonable

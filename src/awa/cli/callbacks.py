@@ -29,6 +29,7 @@ from awa.cli.group import (
     main,
     pass_client,
     print_json,
+    report,
 )
 from awa.core.extras import require_extra
 from awa.model import JobRow
@@ -74,10 +75,7 @@ lease_option = click.option(
 
 
 def _report(row: JobRow, as_json: bool, note: str = "") -> None:
-    if as_json:
-        print_json(row)
-    else:
-        click.echo(f"job {row.id} is now {row.state.value}{note}")
+    report(as_json, row, f"job {row.id} is now {row.state.value}{note}")
 
 
 @callback.command("complete")

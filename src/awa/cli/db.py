@@ -16,6 +16,7 @@ from awa.cli.group import (
     json_option,
     main,
     print_json,
+    report,
 )
 from awa.core.extras import require_extra
 from awa.sql import current_version
@@ -83,10 +84,7 @@ def db_url(ctx: click.Context, show_password: bool, as_json: bool) -> None:
         url = psycopg.conninfo.make_conninfo("", **parts)
     if not show_password:
         url = mask_password(url)
-    if as_json:
-        print_json({"database_url": url})
-    else:
-        click.echo(url)
+    report(as_json, {"database_url": url}, url)
 
 
 _PG_SOURCE = "PG* variables"

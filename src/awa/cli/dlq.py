@@ -20,10 +20,12 @@ from awa.cli.group import (
     fail,
     format_time,
     json_option,
+    json_or_empty,
     main,
     pass_client,
     print_json,
     print_table,
+    report,
     to_jsonable,
 )
 from awa.dlq.operations import DlqEntry
@@ -99,11 +101,7 @@ def list_entries(
         before_dlq_at=before_dlq_at,
         limit=limit,
     )
-    if as_json:
-        print_json(entries)
-        return
-    if not entries:
-        click.echo("the dead-letter queue holds no matching jobs")
+    if json_or_empty(as_json, entries, "the dead-letter queue holds no matching jobs"):
         return
     headers = ["ID", "KIND", "QUEUE", "REASON", "ATTEMPT/MAX", "DLQ_AT", "ERROR"]
     print_table(headers, [_cells(entry) for entry in entries])
@@ -218,20 +216,14 @@ def retry(
         row = client.retry_from_dlq(job_id, run_at=run_at, priority=priority, queue=to_queue)
         if row is None:
             fail(f"job {job_id} is not in the dead-letter queue")
-        if as_json:
-            print_json(row)
-        else:
-            click.echo(f"job {row.id} is {row.state.value} again in queue {row.queue}")
+        report(as_json, row, f"job {row.id} is {row.state.value} again in queue {row.queue}")
         return
     if run_at is not None or priority is not None or to_queue is not None:
         raise CliUsageError("--run-at, --priority and --to-queue apply to one ID")
     if not (kind or queue or tag or every):
         raise CliUsageError("give an ID, or --kind, --queue, --tag or --all")
     count = client.bulk_retry_from_dlq(kind=kind, queue=queue, tag=tag, allow_all=every)
-    if as_json:
-        print_json({"retried": count})
-    else:
-        click.echo(f"retried {count} job(s) ({_bulk_scope(kind, queue, tag)})")
+    report(as_json, {"retried": count}, f"retried {count} job(s) ({_bulk_scope(kind, queue, tag)})")
 
 
 @dlq.command("purge", context_settings=TAKES_JOB_ID)
@@ -260,18 +252,12 @@ def purge(
             raise CliUsageError("give an ID or filters (--kind, --queue, --tag, --all), not both")
         if not client.purge_dlq_job(job_id):
             fail(f"job {job_id} is not in the dead-letter queue")
-        if as_json:
-            print_json({"purged": 1, "job_id": job_id})
-        else:
-            click.echo(f"purged job {job_id}")
+        report(as_json, {"purged": 1, "job_id": job_id}, f"purged job {job_id}")
         return
     if not (kind or queue or tag or every):
         raise CliUsageError("give an ID, or --kind, --queue, --tag or --all")
     count = client.purge_dlq(kind=kind, queue=queue, tag=tag, before_dlq_at=before, allow_all=every)
-    if as_json:
-        print_json({"purged": count})
-    else:
-        click.echo(f"purged {count} job(s) ({_bulk_scope(kind, queue, tag)})")
+    report(as_json, {"purged": count}, f"purged {count} job(s) ({_bulk_scope(kind, queue, tag)})")
 
 
 @dlq.command("depth")
@@ -282,10 +268,11 @@ def depth(client: awa.Client, queue: str | None, as_json: bool) -> None:
     """Count the entries, by queue."""
     if queue is not None:
         count = client.dlq_depth(queue=queue)
-        if as_json:
-            print_json({"queue": queue, "depth": count})
-        else:
-            click.echo(f"{count} job(s) in the dead-letter queue of {queue}")
+        report(
+            as_json,
+            {"queue": queue, "depth": count},
+            f"{count} job(s) in the dead-letter queue of {queue}",
+        )
         return
     by_queue = client.dlq_depth_by_queue()
     total = sum(count for _, count in by_queue)

@@ -320,6 +320,26 @@ def print_json(value: Any) -> None:
     click.echo(json.dumps(to_jsonable(value), indent=2, ensure_ascii=False, default=str))
 
 
+def report(as_json: bool, value: Any, text: str) -> None:
+    """Print a command's result: ``value`` as JSON, or ``text``."""
+    if as_json:
+        print_json(value)
+    else:
+        click.echo(text)
+
+
+def json_or_empty(as_json: bool, items: Sequence[Any], empty: str) -> bool:
+    """Print ``items`` as JSON, or ``empty`` when there are none; True when that was all
+    (else the caller prints the items its own way)."""
+    if as_json:
+        print_json(items)
+        return True
+    if not items:
+        click.echo(empty)
+        return True
+    return False
+
+
 def visible(text: str, keep: str = "") -> str:
     """``text`` safe to print on a terminal: control and format characters (escape
     sequences, newlines, a right-to-left override) shown as escapes (``\\x1b``, ``\\n``,

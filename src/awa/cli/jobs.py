@@ -21,10 +21,12 @@ from awa.cli.group import (
     format_age,
     format_time,
     json_option,
+    json_or_empty,
     main,
     pass_client,
     print_json,
     print_table,
+    report,
     to_jsonable,
     visible,
 )
@@ -71,11 +73,7 @@ def list_jobs(
 ) -> None:
     """List jobs, newest first."""
     jobs = client.list_jobs(state=state, kind=kind, queue=queue, limit=limit)
-    if as_json:
-        print_json(jobs)
-        return
-    if not jobs:
-        click.echo("no jobs found")
+    if json_or_empty(as_json, jobs, "no jobs found"):
         return
     headers = ["ID", "KIND", "QUEUE", "STATE", "ATTEMPT/MAX", "PRIORITY", "RUN_AT"]
     print_table(headers, [_job_cells(row) for row in jobs])
@@ -189,10 +187,7 @@ def _report_change(
         if current is None:
             fail(f"job {job_id} not found")
         fail(f"job {job_id} is {current.state.value}; {rule}")
-    if as_json:
-        print_json(row)
-    else:
-        click.echo(f"job {row.id} is now {row.state.value}{note}")
+    report(as_json, row, f"job {row.id} is now {row.state.value}{note}")
 
 
 @job.command("cancel", context_settings=TAKES_JOB_ID)
@@ -251,10 +246,9 @@ def retry_failed(ctx: click.Context, kind: str | None, queue: str | None, as_jso
 def discard_failed(client: awa.Client, kind: str, as_json: bool) -> None:
     """Delete every failed job of a kind, for good."""
     count = client.discard_failed(kind)
-    if as_json:
-        print_json({"discarded": count, "kind": kind})
-    else:
-        click.echo(f"deleted {count} failed job(s) of kind {kind}")
+    report(
+        as_json, {"discarded": count, "kind": kind}, f"deleted {count} failed job(s) of kind {kind}"
+    )
 
 
 @job.command("kinds")

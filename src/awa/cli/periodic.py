@@ -8,7 +8,16 @@ import getpass
 import click
 
 import awa
-from awa.cli.group import fail, format_time, json_option, main, pass_client, print_json, print_table
+from awa.cli.group import (
+    fail,
+    format_time,
+    json_option,
+    json_or_empty,
+    main,
+    pass_client,
+    print_table,
+    report,
+)
 
 
 @main.group()
@@ -31,11 +40,7 @@ def list_periodic(client: awa.Client, as_json: bool) -> None:
     why it cannot fire (ERROR: an expression or zone this version refuses, or one that
     never fires; the leader skips it and fires the others)."""
     schedules = client.list_cron_jobs()
-    if as_json:
-        print_json(schedules)
-        return
-    if not schedules:
-        click.echo("no periodic jobs (declare them with client.periodic())")
+    if json_or_empty(as_json, schedules, "no periodic jobs (declare them with client.periodic())"):
         return
     headers = ["NAME", "CRON", "TIMEZONE", "KIND", "QUEUE", "NEXT FIRE", "LAST FIRE"]
     headers += ["PAUSED", "ERROR"]
@@ -75,10 +80,11 @@ def pause(client: awa.Client, name: str, paused_by: str | None, as_json: bool) -
     paused_by = paused_by or _user()
     if not client.pause_cron_job(name, paused_by=paused_by):
         fail(f"no periodic job named {name!r}")
-    if as_json:
-        print_json({"name": name, "paused": True, "paused_by": paused_by})
-    else:
-        click.echo(f"periodic job {name} paused")
+    report(
+        as_json,
+        {"name": name, "paused": True, "paused_by": paused_by},
+        f"periodic job {name} paused",
+    )
 
 
 @periodic.command("resume")
@@ -90,10 +96,7 @@ def resume(client: awa.Client, name: str, as_json: bool) -> None:
     coalesce enqueues the latest one, catch_up each of them."""
     if not client.resume_cron_job(name):
         fail(f"no periodic job named {name!r}")
-    if as_json:
-        print_json({"name": name, "paused": False})
-    else:
-        click.echo(f"periodic job {name} resumed")
+    report(as_json, {"name": name, "paused": False}, f"periodic job {name} resumed")
 
 
 @periodic.command("trigger")
@@ -105,10 +108,7 @@ def trigger(client: awa.Client, name: str, as_json: bool) -> None:
     job = client.trigger_cron_job(name)
     if job is None:
         fail(f"no periodic job named {name!r}")
-    if as_json:
-        print_json(job)
-    else:
-        click.echo(f"enqueued job {job.id} ({job.kind}) in queue {job.queue}")
+    report(as_json, job, f"enqueued job {job.id} ({job.kind}) in queue {job.queue}")
 
 
 @periodic.command("remove")
@@ -120,7 +120,4 @@ def remove(client: awa.Client, name: str, as_json: bool) -> None:
     it starts: remove it from the code too."""
     if not client.delete_cron_job(name):
         fail(f"no periodic job named {name!r}")
-    if as_json:
-        print_json({"name": name, "removed": True})
-    else:
-        click.echo(f"periodic job {name} removed")
+    report(as_json, {"name": name, "removed": True}, f"periodic job {name} removed")

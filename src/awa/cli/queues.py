@@ -13,11 +13,13 @@ from awa.cli.group import (
     format_age,
     format_time,
     json_option,
+    json_or_empty,
     lag_seconds,
     main,
     pass_client,
     print_json,
     print_table,
+    report,
     to_jsonable,
 )
 from awa.model import JobState
@@ -44,11 +46,7 @@ def queue_stats(client: awa.Client, as_json: bool) -> None:
     keeps waiting. Completed and cancelled counts are in --json.
     """
     stats = client.queue_stats()
-    if as_json:
-        print_json(stats)
-        return
-    if not stats:
-        click.echo("no queues yet")
+    if json_or_empty(as_json, stats, "no queues yet"):
         return
     counted = [state.value.split("_")[0].upper() for state in _STATS_STATES]
     headers = ["QUEUE", *counted, "OLDEST AVAILABLE", "PAUSED"]
@@ -149,10 +147,9 @@ def drain_queue(client: awa.Client, name: str, as_json: bool) -> None:
     Running jobs finish their attempt.
     """
     count = client.drain_queue(name)
-    if as_json:
-        print_json({"queue": name, "cancelled": count})
-    else:
-        click.echo(f"cancelled {count} job(s) in queue {name}")
+    report(
+        as_json, {"queue": name, "cancelled": count}, f"cancelled {count} job(s) in queue {name}"
+    )
 
 
 @queue.command("descriptors")

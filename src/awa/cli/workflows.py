@@ -6,7 +6,15 @@ from __future__ import annotations
 import click
 
 import awa
-from awa.cli.group import json_option, main, pass_client, print_json, print_table, to_jsonable
+from awa.cli.group import (
+    json_option,
+    main,
+    pass_client,
+    print_json,
+    print_table,
+    report,
+    to_jsonable,
+)
 
 
 @main.group()
@@ -62,7 +70,4 @@ def get(client: awa.Client, workflow_id: str, as_json: bool) -> None:
 def cancel(client: awa.Client, workflow_id: str, as_json: bool) -> None:
     """Cancel every unfinished job of WORKFLOW_ID (blocked ones included)."""
     count = client.cancel_workflow(workflow_id)
-    if as_json:
-        print_json({"cancelled": count})
-    else:
-        click.echo(f"cancelled {count} job(s)")
+    report(as_json, {"cancelled": count}, f"cancelled {count} job(s)")
