@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime as dt
+import inspect
 import math
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, Unpack
+from collections.abc import Callable, Coroutine, Mapping
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, Unpack
 
 from awa.errors import CallbackWaitError, ValidationError
 from awa.lifecycle import staging
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
 
 A = TypeVar("A")
 R = TypeVar("R")
+P = ParamSpec("P")
 
 
 class AttemptServices(Protocol):
@@ -74,6 +76,22 @@ def _check_storable(value: object, path: str) -> None:
     elif isinstance(value, list | tuple):
         for index, item in enumerate(value):
             _check_storable(item, f"{path}[{index}]")
+
+
+def _from_thread(
+    method: Callable[Concatenate[Any, P], Coroutine[Any, Any, R]],
+) -> Callable[Concatenate[Any, P], R]:
+    """The blocking twin of a coroutine method of ``Job``, for plain ``def`` handlers running
+    in a worker thread (it runs the coroutine on the worker's event loop)."""
+    name = f"{method.__name__}_sync"
+
+    def call(job: Any, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return job._run_from_thread(name, method(job, *args, **kwargs))  # type: ignore[no-any-return]
+
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = f"``{method.__name__}()`` for plain ``def`` handlers running in a worker thread."
+    call.__signature__ = inspect.signature(method)  # type: ignore[attr-defined]
+    return call
 
 
 class Job(Generic[A]):
@@ -142,8 +160,7 @@ class Job(Generic[A]):
         self.queue = queue
         self.raw_args = raw_args
         self.priority = priority
-        self.attempt = attempt
-        self.max_attempts = max_attempts
+        self.attempt, self.max_attempts = attempt, max_attempts
         self.run_lease = run_lease
         self._run_at: dt.datetime | float = run_at
         self._created_at: dt.datetime | float = created_at
@@ -470,21 +487,8 @@ class Job(Generic[A]):
         services = self._require_services("wait_for_callback")
         return await callbacks.wait_for_callback(services, self, token)
 
-    def register_callback_sync(
-        self,
-        timeout_seconds: float = 3600.0,
-        filter: str | None = None,
-        on_complete: str | None = None,
-        on_fail: str | None = None,
-        transform: str | None = None,
-    ) -> CallbackToken:
-        """``register_callback()`` for plain ``def`` handlers running in a worker thread."""
-        coroutine = self.register_callback(timeout_seconds, filter, on_complete, on_fail, transform)
-        return self._run_from_thread("register_callback_sync", coroutine)  # type: ignore[no-any-return]
-
-    def wait_for_callback_sync(self, token: CallbackToken) -> Any:
-        """``wait_for_callback()`` for plain ``def`` handlers (blocks the handler's thread)."""
-        return self._run_from_thread("wait_for_callback_sync", self.wait_for_callback(token))
+    register_callback_sync = _from_thread(register_callback)
+    wait_for_callback_sync = _from_thread(wait_for_callback)
 
     def _run_from_thread(self, name: str, coroutine: Any) -> Any:
         try:

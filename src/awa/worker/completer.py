@@ -8,7 +8,6 @@ matches no row was stale: it changed nothing, and the caller gets None.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import logging
@@ -20,23 +19,15 @@ from typing import Any
 import psycopg
 
 from awa.core.outage import FailureLog, one_line
+from awa.core.tasks import cancel_and_wait
 from awa.errors import DatabaseError
 from awa.job import Job
 from awa.lifecycle.staging import output_json
 from awa.model import JobRow, JobState
 from awa.sql import query
 from awa.storage.db import Statement, run_async
+from awa.worker import results
 from awa.worker.config import RetryPolicy
-from awa.worker.results import (
-    Cancelled,
-    Completed,
-    Fail,
-    Interrupted,
-    Outcome,
-    Park,
-    Retry,
-    Snoozed,
-)
 
 log = logging.getLogger("awa.worker")
 
@@ -55,15 +46,15 @@ def progress_param(job: Job[Any]) -> str | None:
 
 
 def outcome_statement(
-    job: Job[Any], outcome: Outcome, retry: RetryPolicy
+    job: Job[Any], outcome: results.Outcome, retry: RetryPolicy
 ) -> Statement[JobRow | None]:
     """The guarded statement that commits ``outcome``; decodes to the new row or None."""
     guard = {"id": job.id, "lease": job.run_lease}
     progress = progress_param(job)
     match outcome:
-        case Completed():
+        case results.Completed():
             return Statement(query("complete_job"), {**guard, "output": output_json(job)}, _row)
-        case Retry(error=error, delay=delay, exhausted_error=exhausted):
+        case results.Retry(error=error, delay=delay, exhausted_error=exhausted):
             params = {
                 **guard,
                 "error": error,
@@ -75,19 +66,19 @@ def outcome_statement(
                 "progress": progress,
             }
             return Statement(query("retry_job_attempt"), params, _row)
-        case Fail(error=error):
+        case results.Fail(error=error):
             params = {**guard, "error": error, "progress": progress}
             return Statement(query("fail_job_attempt"), params, _row)
-        case Cancelled(reason=reason):
+        case results.Cancelled(reason=reason):
             params = {**guard, "reason": reason, "progress": progress}
             return Statement(query("cancel_job_attempt"), params, _row)
-        case Snoozed(delay=delay):
+        case results.Snoozed(delay=delay):
             params = {**guard, "delay_seconds": delay, "progress": progress}
             return Statement(query("snooze_job_attempt"), params, _row)
-        case Interrupted(error=error):
+        case results.Interrupted(error=error):
             params = {**guard, "error": error, "progress": progress}
             return Statement(query("requeue_interrupted"), params, _row)
-        case Park(callback_id=callback_id):
+        case results.Park(callback_id=callback_id):
             params = {**guard, "callback_id": callback_id, "progress": progress}
             return Statement(query("park_job_attempt"), params, _row)
     raise AssertionError(f"unknown outcome {outcome!r}")
@@ -153,8 +144,7 @@ class CompletionBatcher:
     ) -> None:
         self._connect = connect
         self._flush_batch = flush
-        self._batch_size = batch_size
-        self._linger = linger
+        self._batch_size, self._linger = batch_size, linger  # how large, how long to wait
         self._on_done = on_done
         self._pending: list[Pending] = []
         self._wakeup = asyncio.Event()
@@ -193,9 +183,7 @@ class CompletionBatcher:
         # (30 s while the database is down): past the deadline it is cancelled.
         _, unfinished = await asyncio.wait([self._task], timeout=timeout + 0.5)
         if unfinished:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             if self._pending:
                 log.warning(
                     "shutting down: gave up completing %d jobs (the database did not answer "

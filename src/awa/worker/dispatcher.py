@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from awa.core.outage import FailureLog
+from awa.core.tasks import cancel_and_wait
 from awa.errors import AwaError
 from awa.job import Job
 from awa.worker.config import QueueConfig
@@ -268,9 +269,7 @@ class QueueDispatcher:
                     self.config.name,
                     grace,
                 )
-                self._dispatcher.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._dispatcher
+                await cancel_and_wait(self._dispatcher)
         unstarted = []
         while not self._ready.empty():
             _, job = self._ready.get_nowait()

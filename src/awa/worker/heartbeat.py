@@ -36,11 +36,10 @@ class Heartbeat:
         application_name: str,
         presence: Presence | None = None,
     ) -> None:
-        self._url = url
+        self._url, self._application_name = url, application_name  # its own connection
         self._presence = presence
         self._interval = interval
         self._snapshot = snapshot
-        self._application_name = application_name
         self._stop = threading.Event()
         self._beat_now = threading.Event()
         self._thread: threading.Thread | None = None

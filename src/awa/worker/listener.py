@@ -11,7 +11,6 @@ from their heads) on reconnect in case a notification was missed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from typing import Any
 import psycopg
 
 from awa.core.outage import FailureLog
+from awa.core.tasks import cancel_and_wait
 from awa.sql import query
 from awa.storage.db import connection_kwargs
 from awa.worker.lanes import parse_ready
@@ -44,8 +44,7 @@ class Listener:
         on_callback: Callable[[int], None],
         on_reconnect: Callable[[], None],
     ) -> None:
-        self._url = url
-        self._application_name = application_name
+        self._url, self._application_name = url, application_name  # its own connection
         self._on_jobs = on_jobs
         self._on_ready = on_ready
         self._on_cancel = on_cancel
@@ -62,10 +61,7 @@ class Listener:
         await self._ready.wait()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
 
     async def _run(self) -> None:
         delay = 0.2

@@ -19,6 +19,7 @@ from psycopg.rows import dict_row
 
 from awa.core.duty import Duty
 from awa.core.outage import FailureLog, one_line
+from awa.core.tasks import cancel_and_wait
 from awa.sql import query
 from awa.storage.db import connection_kwargs
 
@@ -35,8 +36,7 @@ class Maintenance:
         check_interval: float,
         duties: list[Duty],
     ) -> None:
-        self._url = url
-        self._application_name = application_name
+        self._url, self._application_name = url, application_name  # its own connection
         self._election_interval = election_interval
         self._check_interval = check_interval
         self._duties = duties
@@ -48,10 +48,7 @@ class Maintenance:
         self._task = asyncio.create_task(self._run(), name="awa-maintenance")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
 
     async def _run(self) -> None:
         """Connect, then try for the lock every election interval on that connection (it

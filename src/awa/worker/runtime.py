@@ -16,6 +16,7 @@ import psycopg
 
 from awa.core.kinds import decoder_for
 from awa.core.outage import FailureLog, quiet_pool_reconnect_errors
+from awa.core.tasks import cancel_and_wait
 from awa.errors import DatabaseError
 from awa.job import Job
 from awa.lifecycle.events import Started
@@ -350,9 +351,7 @@ class Runtime(OutcomeCommits):
         if drains.done():
             results = drains.result()
         else:
-            drains.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await drains
+            await cancel_and_wait(drains)
             results = await asyncio.gather(*(dispatcher.drain(0) for dispatcher in dispatchers))
         return [slot for pending in results for slot in pending]
 
