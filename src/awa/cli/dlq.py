@@ -9,29 +9,11 @@ from typing import Any
 import click
 
 import awa
-from awa.cli.group import (
-    JOB_ID,
-    KIND,
-    LIMIT,
-    QUEUE,
-    TAG,
-    TAKES_JOB_ID,
-    CliUsageError,
-    fail,
-    format_time,
-    json_option,
-    json_or_empty,
-    main,
-    pass_client,
-    print_json,
-    print_table,
-    report,
-    to_jsonable,
-)
+from awa.cli import group as cli
 from awa.dlq.operations import DlqEntry
 
 
-@main.group()
+@cli.main.group()
 def dlq() -> None:
     """The dead-letter queue: jobs of DLQ-enabled queues that failed for good.
 
@@ -53,9 +35,9 @@ class Timestamp(click.ParamType[dt.datetime]):
         try:
             parsed = dt.datetime.fromisoformat(str(value))
         except ValueError:
-            raise CliUsageError(f"{value!r} is not an ISO 8601 time") from None
+            raise cli.CliUsageError(f"{value!r} is not an ISO 8601 time") from None
         if parsed.tzinfo is None:
-            raise CliUsageError(
+            raise cli.CliUsageError(
                 f"{value!r} has no timezone; add one, e.g. {value}Z for UTC or {value}+02:00"
             )
         return parsed
@@ -65,23 +47,23 @@ TIME = Timestamp()
 
 
 @dlq.command("list")
-@click.option("--kind", type=KIND, help="Only entries of this kind.")
-@click.option("--queue", type=QUEUE, help="Only entries of this queue.")
-@click.option("--tag", type=TAG, help="Only entries with this tag.")
-@click.option("--before-id", type=JOB_ID, metavar="ID", help="Page cursor: the last id shown.")
+@click.option("--kind", type=cli.KIND, help="Only entries of this kind.")
+@click.option("--queue", type=cli.QUEUE, help="Only entries of this queue.")
+@click.option("--tag", type=cli.TAG, help="Only entries with this tag.")
+@click.option("--before-id", type=cli.JOB_ID, metavar="ID", help="Page cursor: the last id shown.")
 @click.option(
     "--before-dlq-at", type=TIME, metavar="TIME", help="Page cursor: the last DLQ_AT shown."
 )
 @click.option(
     "--limit",
-    type=LIMIT,
+    type=cli.LIMIT,
     default=50,
     show_default=True,
     metavar="N",
     help="Show at most N entries (1 to 1000).",
 )
-@json_option
-@pass_client
+@cli.json_option
+@cli.pass_client
 def list_entries(
     client: awa.Client,
     kind: str | None,
@@ -101,10 +83,10 @@ def list_entries(
         before_dlq_at=before_dlq_at,
         limit=limit,
     )
-    if json_or_empty(as_json, entries, "the dead-letter queue holds no matching jobs"):
+    if cli.json_or_empty(as_json, entries, "the dead-letter queue holds no matching jobs"):
         return
     headers = ["ID", "KIND", "QUEUE", "REASON", "ATTEMPT/MAX", "DLQ_AT", "ERROR"]
-    print_table(headers, [_cells(entry) for entry in entries])
+    cli.print_table(headers, [_cells(entry) for entry in entries])
     if len(entries) == limit:
         last = entries[-1]
         click.echo(
@@ -131,22 +113,22 @@ def _cells(entry: DlqEntry) -> list[object]:
         job.queue,
         entry.reason,
         attempts,
-        format_time(entry.dlq_at),
+        cli.format_time(entry.dlq_at),
         _last_error(job),
     ]
 
 
-@dlq.command("get", context_settings=TAKES_JOB_ID)
-@click.argument("job_id", metavar="ID", type=JOB_ID)
-@json_option
-@pass_client
+@dlq.command("get", context_settings=cli.TAKES_JOB_ID)
+@click.argument("job_id", metavar="ID", type=cli.JOB_ID)
+@cli.json_option
+@cli.pass_client
 def get_entry(client: awa.Client, job_id: int, as_json: bool) -> None:
     """Show one entry in full: why and when it was moved, the job and its errors."""
     entry = client.get_dlq_job(job_id)
     if entry is None:
-        fail(f"job {job_id} is not in the dead-letter queue")
+        cli.fail(f"job {job_id} is not in the dead-letter queue")
     if as_json:
-        print_json(entry)
+        cli.print_json(entry)
         return
     job = entry.job
     fields: list[tuple[str, object]] = [
@@ -154,18 +136,18 @@ def get_entry(client: awa.Client, job_id: int, as_json: bool) -> None:
         ("kind", job.kind),
         ("queue", job.queue),
         ("reason", entry.reason),
-        ("dlq at", format_time(entry.dlq_at)),
+        ("dlq at", cli.format_time(entry.dlq_at)),
         ("attempt", f"{job.attempt}/{job.max_attempts}"),
         ("priority", job.priority),
         ("run lease", entry.original_run_lease),
         ("tags", ", ".join(job.tags) or "-"),
-        ("created at", format_time(job.created_at)),
-        ("failed at", format_time(job.finalized_at)),
+        ("created at", cli.format_time(job.created_at)),
+        ("failed at", cli.format_time(job.finalized_at)),
     ]
     for label, value in fields:
         click.echo(f"{label:<12}{value}")
     for label, data in (("args", job.args), ("metadata", job.metadata)):
-        text = json.dumps(to_jsonable(data), indent=2, ensure_ascii=False, default=str)
+        text = json.dumps(cli.to_jsonable(data), indent=2, ensure_ascii=False, default=str)
         click.echo(f"{label}:\n  " + text.replace("\n", "\n  "))
     click.echo(f"errors ({len(job.errors)}):" if job.errors else "errors: none")
     for error in job.errors:
@@ -179,19 +161,19 @@ def _bulk_scope(kind: str | None, queue: str | None, tag: str | None) -> str:
     return ", ".join(f"{name} {value}" for name, value in filters if value) or "every entry"
 
 
-@dlq.command("retry", context_settings=TAKES_JOB_ID)
-@click.argument("job_id", metavar="[ID]", type=JOB_ID, required=False)
+@dlq.command("retry", context_settings=cli.TAKES_JOB_ID)
+@click.argument("job_id", metavar="[ID]", type=cli.JOB_ID, required=False)
 @click.option("--run-at", type=TIME, metavar="TIME", help="With ID: run it then, not now.")
 @click.option("--priority", type=click.IntRange(1, 4), help="With ID: run it at this priority.")
 @click.option(
-    "--to-queue", type=QUEUE, metavar="QUEUE", help="With ID: run it in this queue instead."
+    "--to-queue", type=cli.QUEUE, metavar="QUEUE", help="With ID: run it in this queue instead."
 )
-@click.option("--kind", type=KIND, help="Without ID: retry every entry of this kind.")
-@click.option("--queue", type=QUEUE, help="Without ID: retry every entry of this queue.")
-@click.option("--tag", type=TAG, help="Without ID: retry every entry with this tag.")
+@click.option("--kind", type=cli.KIND, help="Without ID: retry every entry of this kind.")
+@click.option("--queue", type=cli.QUEUE, help="Without ID: retry every entry of this queue.")
+@click.option("--tag", type=cli.TAG, help="Without ID: retry every entry with this tag.")
 @click.option("--all", "every", is_flag=True, help="Without ID: retry every entry.")
-@json_option
-@pass_client
+@cli.json_option
+@cli.pass_client
 def retry(
     client: awa.Client,
     job_id: int | None,
@@ -212,29 +194,33 @@ def retry(
     """
     if job_id is not None:
         if kind or queue or tag or every:
-            raise CliUsageError("give an ID or filters (--kind, --queue, --tag, --all), not both")
+            raise cli.CliUsageError(
+                "give an ID or filters (--kind, --queue, --tag, --all), not both"
+            )
         row = client.retry_from_dlq(job_id, run_at=run_at, priority=priority, queue=to_queue)
         if row is None:
-            fail(f"job {job_id} is not in the dead-letter queue")
-        report(as_json, row, f"job {row.id} is {row.state.value} again in queue {row.queue}")
+            cli.fail(f"job {job_id} is not in the dead-letter queue")
+        cli.report(as_json, row, f"job {row.id} is {row.state.value} again in queue {row.queue}")
         return
     if run_at is not None or priority is not None or to_queue is not None:
-        raise CliUsageError("--run-at, --priority and --to-queue apply to one ID")
+        raise cli.CliUsageError("--run-at, --priority and --to-queue apply to one ID")
     if not (kind or queue or tag or every):
-        raise CliUsageError("give an ID, or --kind, --queue, --tag or --all")
+        raise cli.CliUsageError("give an ID, or --kind, --queue, --tag or --all")
     count = client.bulk_retry_from_dlq(kind=kind, queue=queue, tag=tag, allow_all=every)
-    report(as_json, {"retried": count}, f"retried {count} job(s) ({_bulk_scope(kind, queue, tag)})")
+    cli.report(
+        as_json, {"retried": count}, f"retried {count} job(s) ({_bulk_scope(kind, queue, tag)})"
+    )
 
 
-@dlq.command("purge", context_settings=TAKES_JOB_ID)
-@click.argument("job_id", metavar="[ID]", type=JOB_ID, required=False)
-@click.option("--kind", type=KIND, help="Purge the entries of this kind.")
-@click.option("--queue", type=QUEUE, help="Purge the entries of this queue.")
-@click.option("--tag", type=TAG, help="Purge the entries with this tag.")
+@dlq.command("purge", context_settings=cli.TAKES_JOB_ID)
+@click.argument("job_id", metavar="[ID]", type=cli.JOB_ID, required=False)
+@click.option("--kind", type=cli.KIND, help="Purge the entries of this kind.")
+@click.option("--queue", type=cli.QUEUE, help="Purge the entries of this queue.")
+@click.option("--tag", type=cli.TAG, help="Purge the entries with this tag.")
 @click.option("--before", type=TIME, metavar="TIME", help="Only entries moved before TIME.")
 @click.option("--all", "every", is_flag=True, help="Purge every entry (with --before: older).")
-@json_option
-@pass_client
+@cli.json_option
+@cli.pass_client
 def purge(
     client: awa.Client,
     job_id: int | None,
@@ -249,26 +235,30 @@ def purge(
     every entry)."""
     if job_id is not None:
         if kind or queue or tag or every or before is not None:
-            raise CliUsageError("give an ID or filters (--kind, --queue, --tag, --all), not both")
+            raise cli.CliUsageError(
+                "give an ID or filters (--kind, --queue, --tag, --all), not both"
+            )
         if not client.purge_dlq_job(job_id):
-            fail(f"job {job_id} is not in the dead-letter queue")
-        report(as_json, {"purged": 1, "job_id": job_id}, f"purged job {job_id}")
+            cli.fail(f"job {job_id} is not in the dead-letter queue")
+        cli.report(as_json, {"purged": 1, "job_id": job_id}, f"purged job {job_id}")
         return
     if not (kind or queue or tag or every):
-        raise CliUsageError("give an ID, or --kind, --queue, --tag or --all")
+        raise cli.CliUsageError("give an ID, or --kind, --queue, --tag or --all")
     count = client.purge_dlq(kind=kind, queue=queue, tag=tag, before_dlq_at=before, allow_all=every)
-    report(as_json, {"purged": count}, f"purged {count} job(s) ({_bulk_scope(kind, queue, tag)})")
+    cli.report(
+        as_json, {"purged": count}, f"purged {count} job(s) ({_bulk_scope(kind, queue, tag)})"
+    )
 
 
 @dlq.command("depth")
-@click.option("--queue", type=QUEUE, help="Count the entries of this queue only.")
-@json_option
-@pass_client
+@click.option("--queue", type=cli.QUEUE, help="Count the entries of this queue only.")
+@cli.json_option
+@cli.pass_client
 def depth(client: awa.Client, queue: str | None, as_json: bool) -> None:
     """Count the entries, by queue."""
     if queue is not None:
         count = client.dlq_depth(queue=queue)
-        report(
+        cli.report(
             as_json,
             {"queue": queue, "depth": count},
             f"{count} job(s) in the dead-letter queue of {queue}",
@@ -277,10 +267,10 @@ def depth(client: awa.Client, queue: str | None, as_json: bool) -> None:
     by_queue = client.dlq_depth_by_queue()
     total = sum(count for _, count in by_queue)
     if as_json:
-        print_json({"total": total, "queues": dict(by_queue)})
+        cli.print_json({"total": total, "queues": dict(by_queue)})
         return
     if not by_queue:
         click.echo("the dead-letter queue is empty")
         return
-    print_table(["QUEUE", "DEPTH"], [[name, count] for name, count in by_queue])
+    cli.print_table(["QUEUE", "DEPTH"], [[name, count] for name, count in by_queue])
     click.echo(f"total {total}")

@@ -9,31 +9,11 @@ from typing import Any
 import click
 
 import awa
-from awa.cli.group import (
-    JOB_ID,
-    KIND,
-    LIMIT,
-    QUEUE,
-    TAKES_JOB_ID,
-    Checked,
-    client_from_context,
-    fail,
-    format_age,
-    format_time,
-    json_option,
-    json_or_empty,
-    main,
-    pass_client,
-    print_json,
-    print_table,
-    report,
-    to_jsonable,
-    visible,
-)
+from awa.cli import group as cli
 from awa.model import JobRow, JobState, parse_state
 
 
-@main.group()
+@cli.main.group()
 def job() -> None:
     """Inspect, cancel and retry jobs.
 
@@ -41,7 +21,7 @@ def job() -> None:
     """
 
 
-_STATE_CHOICE = Checked(
+_STATE_CHOICE = cli.Checked(
     "state", lambda value: parse_state(value.lower() if isinstance(value, str) else value).value
 )
 _STATE_NAMES = ", ".join(state.value for state in JobState)
@@ -51,18 +31,18 @@ _STATE_NAMES = ", ".join(state.value for state in JobState)
 @click.option(
     "--state", type=_STATE_CHOICE, metavar="STATE", help=f"Only jobs in this state: {_STATE_NAMES}."
 )
-@click.option("--kind", type=KIND, help="Only jobs of this kind.")
-@click.option("--queue", type=QUEUE, help="Only jobs in this queue.")
+@click.option("--kind", type=cli.KIND, help="Only jobs of this kind.")
+@click.option("--queue", type=cli.QUEUE, help="Only jobs in this queue.")
 @click.option(
     "--limit",
-    type=LIMIT,
+    type=cli.LIMIT,
     default=50,
     show_default=True,
     metavar="N",
     help="Show at most N jobs (1 to 1000).",
 )
-@json_option
-@pass_client
+@cli.json_option
+@cli.pass_client
 def list_jobs(
     client: awa.Client,
     state: str | None,
@@ -73,27 +53,27 @@ def list_jobs(
 ) -> None:
     """List jobs, newest first."""
     jobs = client.list_jobs(state=state, kind=kind, queue=queue, limit=limit)
-    if json_or_empty(as_json, jobs, "no jobs found"):
+    if cli.json_or_empty(as_json, jobs, "no jobs found"):
         return
     headers = ["ID", "KIND", "QUEUE", "STATE", "ATTEMPT/MAX", "PRIORITY", "RUN_AT"]
-    print_table(headers, [_job_cells(row) for row in jobs])
+    cli.print_table(headers, [_job_cells(row) for row in jobs])
     if len(jobs) == limit:
         click.echo(f"(showing the newest {limit}; raise --limit to see more)", err=True)
 
 
 def _job_cells(row: JobRow) -> list[object]:
-    attempts, run_at = f"{row.attempt}/{row.max_attempts}", format_time(row.run_at)
+    attempts, run_at = f"{row.attempt}/{row.max_attempts}", cli.format_time(row.run_at)
     return [row.id, row.kind, row.queue, row.state.value, attempts, row.priority, run_at]
 
 
 def _json_block(value: Any) -> str:
-    text = json.dumps(to_jsonable(value), indent=2, ensure_ascii=False, default=str)
+    text = json.dumps(cli.to_jsonable(value), indent=2, ensure_ascii=False, default=str)
     return text.replace("\n", "\n  ")
 
 
 def _error_time(value: object) -> str:
     try:
-        return format_time(dt.datetime.fromisoformat(str(value)))
+        return cli.format_time(dt.datetime.fromisoformat(str(value)))
     except ValueError:
         return str(value)
 
@@ -105,12 +85,12 @@ def _describe(row: JobRow) -> None:
         if value is None:
             return "-"
         delta = (value - now).total_seconds()
-        relative = f"in {format_age(delta)}" if delta > 0 else f"{format_age(-delta)} ago"
-        return f"{format_time(value)} ({relative})"
+        relative = f"in {cli.format_age(delta)}" if delta > 0 else f"{cli.format_age(-delta)} ago"
+        return f"{cli.format_time(value)} ({relative})"
 
     deadline = "-"
     if row.deadline_duration is not None:
-        deadline = format_age(row.deadline_duration.total_seconds())
+        deadline = cli.format_age(row.deadline_duration.total_seconds())
     fields: list[tuple[str, object]] = [
         ("id", row.id),
         ("kind", row.kind),
@@ -127,9 +107,9 @@ def _describe(row: JobRow) -> None:
         ("deadline at", when(row.deadline_at)),
         ("finalized at", when(row.finalized_at)),
         ("deadline", deadline),
-        ("unique key", to_jsonable(row.unique_key)),
+        ("unique key", cli.to_jsonable(row.unique_key)),
         ("unique states", row.unique_states),
-        ("ordering key", to_jsonable(row.ordering_key)),
+        ("ordering key", cli.to_jsonable(row.ordering_key)),
     ]
     if row.callback_id is not None:
         fields += [
@@ -141,7 +121,7 @@ def _describe(row: JobRow) -> None:
             if value is not None:
                 fields.append((f"callback {name}", value))
     for label, value in fields:
-        click.echo(f"{label:<17}{'-' if value is None else visible(str(value))}")
+        click.echo(f"{label:<17}{'-' if value is None else cli.visible(str(value))}")
     for label, data in (("args", row.args), ("metadata", row.metadata)):
         click.echo(f"{label}:\n  {_json_block(data)}")
     if row.progress is not None:
@@ -153,17 +133,17 @@ def _describe(row: JobRow) -> None:
         if isinstance(entry, dict) and "error" in entry:
             stamp = _error_time(entry.get("at"))
             terminal = " (terminal)" if entry.get("terminal") else ""
-            message = visible(str(entry["error"]), keep="\n").replace("\n", "\n      ")
+            message = cli.visible(str(entry["error"]), keep="\n").replace("\n", "\n      ")
             click.echo(f"  attempt {entry.get('attempt', '?')} at {stamp}{terminal}:")
             click.echo(f"      {message}")
         else:
             click.echo(f"  {_json_block(entry)}")
 
 
-@job.command("get", context_settings=TAKES_JOB_ID)
-@click.argument("job_id", metavar="ID", type=JOB_ID)
-@json_option
-@pass_client
+@job.command("get", context_settings=cli.TAKES_JOB_ID)
+@click.argument("job_id", metavar="ID", type=cli.JOB_ID)
+@cli.json_option
+@cli.pass_client
 def get_job(client: awa.Client, job_id: int, as_json: bool) -> None:
     """Show one job in full.
 
@@ -171,9 +151,9 @@ def get_job(client: awa.Client, job_id: int, as_json: bool) -> None:
     """
     row = client.get_job(job_id)
     if row is None:
-        fail(f"job {job_id} not found")
+        cli.fail(f"job {job_id} not found")
     if as_json:
-        print_json(row)
+        cli.print_json(row)
     else:
         _describe(row)
 
@@ -185,15 +165,15 @@ def _report_change(
     if row is None:
         current = client.get_job(job_id)
         if current is None:
-            fail(f"job {job_id} not found")
-        fail(f"job {job_id} is {current.state.value}; {rule}")
-    report(as_json, row, f"job {row.id} is now {row.state.value}{note}")
+            cli.fail(f"job {job_id} not found")
+        cli.fail(f"job {job_id} is {current.state.value}; {rule}")
+    cli.report(as_json, row, f"job {row.id} is now {row.state.value}{note}")
 
 
-@job.command("cancel", context_settings=TAKES_JOB_ID)
-@click.argument("job_id", metavar="ID", type=JOB_ID)
-@json_option
-@pass_client
+@job.command("cancel", context_settings=cli.TAKES_JOB_ID)
+@click.argument("job_id", metavar="ID", type=cli.JOB_ID)
+@cli.json_option
+@cli.pass_client
 def cancel_job(client: awa.Client, job_id: int, as_json: bool) -> None:
     """Cancel a job that has not finished.
 
@@ -203,10 +183,10 @@ def cancel_job(client: awa.Client, job_id: int, as_json: bool) -> None:
     _report_change(client, job_id, row, as_json, "only unfinished jobs can be cancelled")
 
 
-@job.command("retry", context_settings=TAKES_JOB_ID)
-@click.argument("job_id", metavar="ID", type=JOB_ID)
-@json_option
-@pass_client
+@job.command("retry", context_settings=cli.TAKES_JOB_ID)
+@click.argument("job_id", metavar="ID", type=cli.JOB_ID)
+@cli.json_option
+@cli.pass_client
 def retry_job(client: awa.Client, job_id: int, as_json: bool) -> None:
     """Run a failed, cancelled or parked job again.
 
@@ -220,9 +200,9 @@ def retry_job(client: awa.Client, job_id: int, as_json: bool) -> None:
 
 
 @job.command("retry-failed")
-@click.option("--kind", type=KIND, help="Retry the failed jobs of this kind.")
-@click.option("--queue", type=QUEUE, help="Retry the failed jobs of this queue.")
-@json_option
+@click.option("--kind", type=cli.KIND, help="Retry the failed jobs of this kind.")
+@click.option("--queue", type=cli.QUEUE, help="Retry the failed jobs of this queue.")
+@cli.json_option
 @click.pass_context
 def retry_failed(ctx: click.Context, kind: str | None, queue: str | None, as_json: bool) -> None:
     """Retry every failed job of a kind or a queue.
@@ -231,30 +211,32 @@ def retry_failed(ctx: click.Context, kind: str | None, queue: str | None, as_jso
     """
     if (kind is None) == (queue is None):
         raise click.UsageError("give exactly one of --kind or --queue")
-    jobs = client_from_context(ctx).retry_failed(kind=kind, queue=queue)
+    jobs = cli.client_from_context(ctx).retry_failed(kind=kind, queue=queue)
     if as_json:
-        print_json({"retried": len(jobs), "job_ids": [row.id for row in jobs]})
+        cli.print_json({"retried": len(jobs), "job_ids": [row.id for row in jobs]})
     else:
         scope = f"kind {kind}" if kind is not None else f"queue {queue}"
         click.echo(f"retried {len(jobs)} failed job(s) of {scope}")
 
 
 @job.command("discard")
-@click.option("--kind", type=KIND, required=True, help="The kind whose failed jobs are deleted.")
-@json_option
-@pass_client
+@click.option(
+    "--kind", type=cli.KIND, required=True, help="The kind whose failed jobs are deleted."
+)
+@cli.json_option
+@cli.pass_client
 def discard_failed(client: awa.Client, kind: str, as_json: bool) -> None:
     """Delete every failed job of a kind, for good."""
     count = client.discard_failed(kind)
-    report(
+    cli.report(
         as_json, {"discarded": count, "kind": kind}, f"deleted {count} failed job(s) of kind {kind}"
     )
 
 
 @job.command("kinds")
-@click.argument("kind", metavar="[KIND]", type=KIND, required=False)
-@json_option
-@pass_client
+@click.argument("kind", metavar="[KIND]", type=cli.KIND, required=False)
+@cli.json_option
+@cli.pass_client
 def job_kinds(client: awa.Client, kind: str | None, as_json: bool) -> None:
     """The job kinds workers registered or described (client.job_kind_descriptor), with
     their descriptors and the queue of their task.
@@ -265,13 +247,13 @@ def job_kinds(client: awa.Client, kind: str | None, as_json: bool) -> None:
     """
     rows = client.list_job_kind_descriptors(kind=kind)
     if as_json:
-        print_json([{**to_jsonable(row), "declared": row.declared} for row in rows])
+        cli.print_json([{**cli.to_jsonable(row), "declared": row.declared} for row in rows])
         return
     if not rows:
         click.echo("no job kinds yet (workers store them when they start)")
         return
     headers = ["KIND", "QUEUE", "DISPLAY NAME", "OWNER", "TAGS", "LIVE", "LAST SEEN"]
-    print_table(
+    cli.print_table(
         headers,
         [
             [
@@ -281,7 +263,7 @@ def job_kinds(client: awa.Client, kind: str | None, as_json: bool) -> None:
                 row.owner,
                 ", ".join(row.tags) or None,
                 "yes" if row.live else "no",
-                format_time(row.last_seen_at),
+                cli.format_time(row.last_seen_at),
             ]
             for row in rows
         ],

@@ -8,19 +8,10 @@ import getpass
 import click
 
 import awa
-from awa.cli.group import (
-    fail,
-    format_time,
-    json_option,
-    json_or_empty,
-    main,
-    pass_client,
-    print_table,
-    report,
-)
+from awa.cli import group as cli
 
 
-@main.group()
+@cli.main.group()
 def periodic() -> None:
     """List and operate the periodic jobs (awa cron is the same command).
 
@@ -29,18 +20,20 @@ def periodic() -> None:
     """
 
 
-main.add_command(periodic, "cron")  # the first name, kept
+cli.main.add_command(periodic, "cron")  # the first name, kept
 
 
 @periodic.command("list")
-@json_option
-@pass_client
+@cli.json_option
+@cli.pass_client
 def list_periodic(client: awa.Client, as_json: bool) -> None:
     """Every stored schedule: expression, zone, next and last fire, paused or not, and
     why it cannot fire (ERROR: an expression or zone this version refuses, or one that
     never fires; the leader skips it and fires the others)."""
     schedules = client.list_cron_jobs()
-    if json_or_empty(as_json, schedules, "no periodic jobs (declare them with client.periodic())"):
+    if cli.json_or_empty(
+        as_json, schedules, "no periodic jobs (declare them with client.periodic())"
+    ):
         return
     headers = ["NAME", "CRON", "TIMEZONE", "KIND", "QUEUE", "NEXT FIRE", "LAST FIRE"]
     headers += ["PAUSED", "ERROR"]
@@ -51,8 +44,8 @@ def list_periodic(client: awa.Client, as_json: bool) -> None:
             entry.timezone,
             entry.kind,
             entry.queue,
-            format_time(entry.next_fire_at),
-            format_time(entry.last_enqueued_at),
+            cli.format_time(entry.next_fire_at),
+            cli.format_time(entry.last_enqueued_at),
             f"yes (by {entry.paused_by})"
             if entry.paused and entry.paused_by
             else ("yes" if entry.paused else "no"),
@@ -60,7 +53,7 @@ def list_periodic(client: awa.Client, as_json: bool) -> None:
         ]
         for entry in schedules
     ]
-    print_table(headers, rows)
+    cli.print_table(headers, rows)
 
 
 def _user() -> str | None:
@@ -73,14 +66,14 @@ def _user() -> str | None:
 @periodic.command("pause")
 @click.argument("name")
 @click.option("--by", "paused_by", help="Who paused it (default: your user name).")
-@json_option
-@pass_client
+@cli.json_option
+@cli.pass_client
 def pause(client: awa.Client, name: str, paused_by: str | None, as_json: bool) -> None:
     """Stop NAME's fires until it is resumed (its history stays)."""
     paused_by = paused_by or _user()
     if not client.pause_cron_job(name, paused_by=paused_by):
-        fail(f"no periodic job named {name!r}")
-    report(
+        cli.fail(f"no periodic job named {name!r}")
+    cli.report(
         as_json,
         {"name": name, "paused": True, "paused_by": paused_by},
         f"periodic job {name} paused",
@@ -89,35 +82,35 @@ def pause(client: awa.Client, name: str, paused_by: str | None, as_json: bool) -
 
 @periodic.command("resume")
 @click.argument("name")
-@json_option
-@pass_client
+@cli.json_option
+@cli.pass_client
 def resume(client: awa.Client, name: str, as_json: bool) -> None:
     """Let NAME fire again. The fires it missed while paused follow its missed-fire policy:
     coalesce enqueues the latest one, catch_up each of them."""
     if not client.resume_cron_job(name):
-        fail(f"no periodic job named {name!r}")
-    report(as_json, {"name": name, "paused": False}, f"periodic job {name} resumed")
+        cli.fail(f"no periodic job named {name!r}")
+    cli.report(as_json, {"name": name, "paused": False}, f"periodic job {name} resumed")
 
 
 @periodic.command("trigger")
 @click.argument("name")
-@json_option
-@pass_client
+@cli.json_option
+@cli.pass_client
 def trigger(client: awa.Client, name: str, as_json: bool) -> None:
     """Enqueue NAME's job now, even when paused, without moving its schedule."""
     job = client.trigger_cron_job(name)
     if job is None:
-        fail(f"no periodic job named {name!r}")
-    report(as_json, job, f"enqueued job {job.id} ({job.kind}) in queue {job.queue}")
+        cli.fail(f"no periodic job named {name!r}")
+    cli.report(as_json, job, f"enqueued job {job.id} ({job.kind}) in queue {job.queue}")
 
 
 @periodic.command("remove")
 @click.argument("name")
-@json_option
-@pass_client
+@cli.json_option
+@cli.pass_client
 def remove(client: awa.Client, name: str, as_json: bool) -> None:
     """Delete NAME's schedule. A worker whose code still declares it stores it again when
     it starts: remove it from the code too."""
     if not client.delete_cron_job(name):
-        fail(f"no periodic job named {name!r}")
-    report(as_json, {"name": name, "removed": True}, f"periodic job {name} removed")
+        cli.fail(f"no periodic job named {name!r}")
+    cli.report(as_json, {"name": name, "removed": True}, f"periodic job {name} removed")

@@ -7,25 +7,11 @@ import getpass
 import click
 
 import awa
-from awa.cli.group import (
-    QUEUE,
-    TEXT,
-    format_age,
-    format_time,
-    json_option,
-    json_or_empty,
-    lag_seconds,
-    main,
-    pass_client,
-    print_json,
-    print_table,
-    report,
-    to_jsonable,
-)
+from awa.cli import group as cli
 from awa.model import JobState
 
 
-@main.group()
+@cli.main.group()
 def queue() -> None:
     """Show queue depth; pause, resume and drain queues."""
 
@@ -35,8 +21,8 @@ _STATS_STATES += [JobState.WAITING_EXTERNAL, JobState.FAILED]
 
 
 @queue.command("stats")
-@json_option
-@pass_client
+@cli.json_option
+@cli.pass_client
 def queue_stats(client: awa.Client, as_json: bool) -> None:
     """Jobs per queue and state, the age of the oldest available job, pause status, and
     the fleet-wide flow limits with the due jobs each holds back now.
@@ -46,7 +32,7 @@ def queue_stats(client: awa.Client, as_json: bool) -> None:
     keeps waiting. Completed and cancelled counts are in --json.
     """
     stats = client.queue_stats()
-    if json_or_empty(as_json, stats, "no queues yet"):
+    if cli.json_or_empty(as_json, stats, "no queues yet"):
         return
     counted = [state.value.split("_")[0].upper() for state in _STATS_STATES]
     headers = ["QUEUE", *counted, "OLDEST AVAILABLE", "PAUSED"]
@@ -59,11 +45,11 @@ def queue_stats(client: awa.Client, as_json: bool) -> None:
         if entry.paused:
             paused = f"yes (by {entry.paused_by})" if entry.paused_by else "yes"
         counts = [entry.count(state) for state in _STATS_STATES]
-        row = [entry.queue, *counts, format_age(lag_seconds(entry)), paused]
+        row = [entry.queue, *counts, cli.format_age(cli.lag_seconds(entry)), paused]
         if limited:
             row += [_describe_limits(entry.limits), _describe_held(entry.held_back)]
         rows.append(row)
-    print_table(headers, rows)
+    cli.print_table(headers, rows)
 
 
 def _describe_limits(limits: awa.QueueLimits | None) -> str:
@@ -96,15 +82,15 @@ def _default_pauser() -> str | None:
 
 
 @queue.command("pause")
-@click.argument("name", metavar="QUEUE", type=QUEUE)
+@click.argument("name", metavar="QUEUE", type=cli.QUEUE)
 @click.option(
     "--by",
     "paused_by",
-    type=TEXT,
+    type=cli.TEXT,
     help="Who paused it (default: your user name; at most 200 characters).",
 )
-@json_option
-@pass_client
+@cli.json_option
+@cli.pass_client
 def pause_queue(client: awa.Client, name: str, paused_by: str | None, as_json: bool) -> None:
     """Stop workers from claiming jobs of QUEUE; running jobs finish. Inserts still work.
 
@@ -116,21 +102,21 @@ def pause_queue(client: awa.Client, name: str, paused_by: str | None, as_json: b
         known = awa.admin.queue_known(conn, name)
     client.pause_queue(name, paused_by=paused_by)
     if as_json:
-        print_json({"queue": name, "paused": True, "paused_by": paused_by, "known": known})
+        cli.print_json({"queue": name, "paused": True, "paused_by": paused_by, "known": known})
         return
     note = "" if known else " (no job has used this queue yet; check the name)"
     click.echo(f"queue {name} paused" + (f" by {paused_by}" if paused_by else "") + note)
 
 
 @queue.command("resume")
-@click.argument("name", metavar="QUEUE", type=QUEUE)
-@json_option
-@pass_client
+@click.argument("name", metavar="QUEUE", type=cli.QUEUE)
+@cli.json_option
+@cli.pass_client
 def resume_queue(client: awa.Client, name: str, as_json: bool) -> None:
     """Let workers claim jobs of QUEUE again."""
     was_paused = client.resume_queue(name)
     if as_json:
-        print_json({"queue": name, "paused": False, "was_paused": was_paused})
+        cli.print_json({"queue": name, "paused": False, "was_paused": was_paused})
     elif was_paused:
         click.echo(f"queue {name} resumed")
     else:
@@ -138,24 +124,24 @@ def resume_queue(client: awa.Client, name: str, as_json: bool) -> None:
 
 
 @queue.command("drain")
-@click.argument("name", metavar="QUEUE", type=QUEUE)
-@json_option
-@pass_client
+@click.argument("name", metavar="QUEUE", type=cli.QUEUE)
+@cli.json_option
+@cli.pass_client
 def drain_queue(client: awa.Client, name: str, as_json: bool) -> None:
     """Cancel every job of QUEUE that waits to run or is parked on a callback.
 
     Running jobs finish their attempt.
     """
     count = client.drain_queue(name)
-    report(
+    cli.report(
         as_json, {"queue": name, "cancelled": count}, f"cancelled {count} job(s) in queue {name}"
     )
 
 
 @queue.command("descriptors")
-@click.argument("name", metavar="[QUEUE]", type=QUEUE, required=False)
-@json_option
-@pass_client
+@click.argument("name", metavar="[QUEUE]", type=cli.QUEUE, required=False)
+@cli.json_option
+@cli.pass_client
 def queue_descriptors(client: awa.Client, name: str | None, as_json: bool) -> None:
     """What each queue is for: the descriptors workers declared (client.queue_descriptor)
     and stored when they started, blank for queues run without one.
@@ -165,13 +151,13 @@ def queue_descriptors(client: awa.Client, name: str | None, as_json: bool) -> No
     """
     rows = client.list_queue_descriptors(queue=name)
     if as_json:
-        print_json([{**to_jsonable(row), "declared": row.declared} for row in rows])
+        cli.print_json([{**cli.to_jsonable(row), "declared": row.declared} for row in rows])
         return
     if not rows:
         click.echo("no queue descriptors yet (workers store them when they start)")
         return
     headers = ["QUEUE", "DISPLAY NAME", "OWNER", "TAGS", "LIVE", "LAST SEEN"]
-    print_table(
+    cli.print_table(
         headers,
         [
             [
@@ -180,7 +166,7 @@ def queue_descriptors(client: awa.Client, name: str | None, as_json: bool) -> No
                 row.owner,
                 ", ".join(row.tags) or None,
                 "yes" if row.live else "no",
-                format_time(row.last_seen_at),
+                cli.format_time(row.last_seen_at),
             ]
             for row in rows
         ],

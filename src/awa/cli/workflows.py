@@ -6,37 +6,29 @@ from __future__ import annotations
 import click
 
 import awa
-from awa.cli.group import (
-    json_option,
-    main,
-    pass_client,
-    print_json,
-    print_table,
-    report,
-    to_jsonable,
-)
+from awa.cli import group as cli
 
 
-@main.group()
+@cli.main.group()
 def workflow() -> None:
     """Workflows and batches: jobs inserted together with dependencies between them."""
 
 
 @workflow.command("get")
 @click.argument("workflow_id")
-@json_option
-@pass_client
+@cli.json_option
+@cli.pass_client
 def get(client: awa.Client, workflow_id: str, as_json: bool) -> None:
     """Show every job of WORKFLOW_ID (a UUID) with its state and the jobs it waits for."""
     info = client.get_workflow(workflow_id)
     if as_json:
-        print_json(
+        cli.print_json(
             {
                 "id": str(info.id),
                 "name": info.name,
                 "states": info.states(),
                 "jobs": [
-                    {**to_jsonable(entry.job), "depends_on": entry.depends_on}
+                    {**cli.to_jsonable(entry.job), "depends_on": entry.depends_on}
                     for entry in info.jobs
                 ],
             }
@@ -48,7 +40,7 @@ def get(client: awa.Client, workflow_id: str, as_json: bool) -> None:
         f"workflow {info.name or ''} {info.id}: "
         + ", ".join(f"{n} {state}" for state, n in info.states().items())
     )
-    print_table(
+    cli.print_table(
         ["ID", "KIND", "QUEUE", "STATE", "AFTER"],
         [
             [
@@ -65,9 +57,9 @@ def get(client: awa.Client, workflow_id: str, as_json: bool) -> None:
 
 @workflow.command("cancel")
 @click.argument("workflow_id")
-@json_option
-@pass_client
+@cli.json_option
+@cli.pass_client
 def cancel(client: awa.Client, workflow_id: str, as_json: bool) -> None:
     """Cancel every unfinished job of WORKFLOW_ID (blocked ones included)."""
     count = client.cancel_workflow(workflow_id)
-    report(as_json, {"cancelled": count}, f"cancelled {count} job(s)")
+    cli.report(as_json, {"cancelled": count}, f"cancelled {count} job(s)")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Awaitable, Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from types import TracebackType
 from typing import Any, Self, Unpack, cast
 
 import psycopg
@@ -144,12 +143,7 @@ class Transaction:
     async def __aenter__(self) -> Self:
         return await self._begin()
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         if self._done:
             return
         if exc_type is None:
@@ -274,12 +268,7 @@ class SyncTransaction:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         if self._done:
             return
         if exc_type is None:
