@@ -20,9 +20,9 @@ from click.testing import CliRunner, Result
 
 import awa
 from awa.cli import main
+from awa.dlq.duty import dlq_retention_duty
 from awa.worker.config import QueueConfig, RuntimeConfig
 from awa.worker.duties import leader_duties
-from awa.worker.rescue import dlq_retention_duty
 from awa.worker.settings import parse_queue_option, parse_value
 from helpers_callbacks import Payment, register_parking_task, wait_parked
 from helpers_lifecycle import Recorder, jobs_of_kind

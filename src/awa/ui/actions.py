@@ -169,31 +169,48 @@ async def matching(request: Request, form: FormData) -> Response:
     return _redirect(request, form, back, f"{count} failed job(s) {verb}.")
 
 
-async def pause_queue(request: Request, form: FormData) -> Response:
-    _same_action(form, "pause")
-    queue = required(form, "queue")
+async def _on_name(
+    request: Request,
+    form: FormData,
+    action: str,
+    field: str,
+    run: Callable[[psycopg.AsyncConnection[Any], str], Awaitable[Any]],
+    say: Callable[[str, Any], str],
+    page: str,
+) -> Response:
+    """An action on one named thing (a queue, a periodic job): check the form, run it,
+    go back to ``page`` saying what happened."""
+    _same_action(form, action)
+    name = required(form, field)
     async with ui_of(request).connection() as conn:
+        result = await run(conn, name)
+    return _redirect(request, form, path_for(request, page), say(name, result))
+
+
+async def pause_queue(request: Request, form: FormData) -> Response:
+    async def pause(conn: psycopg.AsyncConnection[Any], queue: str) -> None:
         await admin.pause_queue(conn, queue, paused_by="awa ui")
-    message = f"Queue {queue} paused: workers finish what runs and claim no more."
-    return _redirect(request, form, path_for(request, "overview"), message)
+
+    def say(queue: str, _: None) -> str:
+        return f"Queue {queue} paused: workers finish what runs and claim no more."
+
+    return await _on_name(request, form, "pause", "queue", pause, say, "overview")
 
 
 async def resume_queue(request: Request, form: FormData) -> Response:
-    _same_action(form, "resume")
-    queue = required(form, "queue")
-    async with ui_of(request).connection() as conn:
-        resumed = await admin.resume_queue(conn, queue)
-    message = f"Queue {queue} resumed." if resumed else f"Queue {queue} was not paused."
-    return _redirect(request, form, path_for(request, "overview"), message)
+    def say(queue: str, resumed: bool) -> str:
+        return f"Queue {queue} resumed." if resumed else f"Queue {queue} was not paused."
+
+    return await _on_name(request, form, "resume", "queue", admin.resume_queue, say, "overview")
 
 
 async def trigger_schedule(request: Request, form: FormData) -> Response:
-    _same_action(form, "trigger")
-    name = required(form, "name")
-    async with ui_of(request).connection() as conn:
-        row = await admin.trigger_cron_job(conn, name)
-    message = f"Schedule {name} fired: job {row.id}." if row else f"No schedule named {name}."
-    return _redirect(request, form, path_for(request, "schedules"), message)
+    def say(name: str, row: Any) -> str:
+        return f"Schedule {name} fired: job {row.id}." if row else f"No schedule named {name}."
+
+    return await _on_name(
+        request, form, "trigger", "name", admin.trigger_cron_job, say, "schedules"
+    )
 
 
 async def cancel_workflow(request: Request, form: FormData) -> Response:

@@ -7,13 +7,14 @@ from collections.abc import Awaitable, Callable
 from awa.batch.duty import batch_operation_duty
 from awa.core.duty import Duty
 from awa.descriptors.duty import descriptor_duty
+from awa.dlq.duty import dlq_retention_duty
 from awa.lifecycle.events import RescueReason
 from awa.periodic.duty import periodic_duty
 from awa.worker import limits
 from awa.worker.config import RuntimeConfig
 from awa.worker.maintenance import promotion_duty, runtime_expiry_duty, vacuum_duty
 from awa.worker.queue_sampling import queue_sampling_duty
-from awa.worker.rescue import SWEEPS, Rescue, dlq_retention_duty, rescue_duty, retention_duty
+from awa.worker.rescue import SWEEPS, Rescue, rescue_duty, retention_duty
 from awa.worker.storage_ring import active_ring_duty
 
 

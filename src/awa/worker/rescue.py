@@ -22,7 +22,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from awa.core.duty import Duty
+from awa.core.duty import Duty, delete_in_batches
 from awa.lifecycle import events
 from awa.lifecycle.events import RescueReason
 from awa.lifecycle.followups import FollowUpRegistry, Trigger, TriggerContext, insert_follow_ups
@@ -184,44 +184,16 @@ def retention_duty(
     async def run(conn: psycopg.AsyncConnection[Any]) -> None:
         await rotate_done_ring(conn, completed)
         params = {"completed": completed, "failed": failed, "limit": batch_size}
-        total = 0
-        for _ in range(max_batches):
-            async with conn.cursor(row_factory=dict_row) as cursor:
-                await cursor.execute(query("delete_finished"), params)
-                row = await cursor.fetchone()
-            deleted = int(row["deleted"]) if row else 0
-            total += deleted
-            if deleted < batch_size:
-                break
+        statement = query("delete_finished")
+        total = await delete_in_batches(
+            conn, statement, params, batch_size=batch_size, max_batches=max_batches
+        )
         if total:
             log.info("retention deleted %d finished jobs", total)
         # Dependency edges of deleted children (no foreign key: see migration 11).
         await conn.execute(query("prune_dependency_edges"), {"limit": batch_size})
 
     return Duty("retention", interval, run)
-
-
-def dlq_retention_duty(
-    *, interval: float, retention: float, batch_size: int, max_batches: int = 50
-) -> Duty:
-    """Delete dead-letter queue entries moved more than ``retention`` seconds ago, oldest
-    first, in batches of ``batch_size`` (at most ``max_batches`` per tick)."""
-
-    async def run(conn: psycopg.AsyncConnection[Any]) -> None:
-        params = {"retention": retention, "limit": batch_size}
-        total = 0
-        for _ in range(max_batches):
-            async with conn.cursor(row_factory=dict_row) as cursor:
-                await cursor.execute(query("dlq_delete_expired"), params)
-                row = await cursor.fetchone()
-            deleted = int(row["count"]) if row else 0
-            total += deleted
-            if deleted < batch_size:
-                break
-        if total:
-            log.info("retention deleted %d dead-letter queue entries", total)
-
-    return Duty("dlq retention", interval, run)
 
 
 RESCUE_FOLLOW_UP_TIMEOUT = 30.0

@@ -195,4 +195,4 @@ WITH doomed AS (
 ), deleted AS (
     DELETE FROM awa.dlq_entries AS d USING doomed WHERE d.id = doomed.id RETURNING 1
 )
-SELECT count(*) AS count FROM deleted
+SELECT count(*) AS deleted FROM deleted
