@@ -10,7 +10,6 @@ their own after the rescue commits.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import datetime as dt
 import inspect
@@ -22,6 +21,7 @@ from typing import Any
 import psycopg
 
 from awa.core.kinds import decode_args
+from awa.core.tasks import cancels_this_task
 from awa.errors import AwaError
 from awa.lifecycle.events import RescueReason
 from awa.lifecycle.hooks import is_async_callable
@@ -110,10 +110,7 @@ class FollowUpSpec:
             # or a CancelledError of its own included: let through, it would kill the
             # worker slot and leave the attempt heartbeating forever. Only a cancellation
             # of the attempt's task itself (shutdown) propagates.
-            current = asyncio.current_task()
-            if isinstance(error, asyncio.CancelledError) and (
-                current is not None and current.cancelling()
-            ):
+            if cancels_this_task(error):
                 raise
             raise FollowUpError(f"{self.name} raised {type(error).__name__}: {error}") from error
         if self.returns_request:

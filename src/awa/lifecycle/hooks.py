@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from awa.core.kinds import decode_args, derive_kind
+from awa.core.tasks import cancels_this_task
 from awa.lifecycle.events import JobEvent
 from awa.model import check_name
 
@@ -262,10 +263,7 @@ class HookDispatcher:
                 # A hook that raises anything (a BaseException subclass, or CancelledError
                 # of its own making) is logged and the next hook runs; only a cancellation
                 # of this task (client.close()) stops the hooks.
-                current = asyncio.current_task()
-                if isinstance(error, asyncio.CancelledError) and (
-                    current is not None and current.cancelling()
-                ):
+                if cancels_this_task(error):
                     raise
                 log.exception(
                     "lifecycle hook %s raised on %s of job %s (kind %s)",

@@ -112,24 +112,30 @@ async def fresh_sample_age(conn: psycopg.AsyncConnection[Any]) -> float | None:
     return age
 
 
+# The overview's columns that QueueRow takes as they come.
+_AS_STORED = (
+    "queue",
+    "lag",
+    "sampled_at",
+    "paused",
+    "paused_by",
+    "display_name",
+    "description",
+    "owner",
+    "docs_url",
+)
+
+
 async def overview(conn: psycopg.AsyncConnection[Any]) -> Overview:
     age = await fresh_sample_age(conn)
     rows = await run_async(conn, Statement(query("ui_queue_overview"), None, _rows))
     queues = [
         QueueRow(
-            queue=row["queue"],
+            **{field: row[field] for field in _AS_STORED},
             counts=_counts(row["counts"]),
             finished_hour=_counts(row["finished_hour"]),
-            lag=row["lag"],
-            sampled_at=row["sampled_at"],
-            paused=row["paused"],
-            paused_by=row["paused_by"],
             workers=_count(row["workers"]),
             slots=_count(row["slots"]),
-            display_name=row["display_name"],
-            description=row["description"],
-            owner=row["owner"],
-            docs_url=row["docs_url"],
             unserved_kinds=_counts(row["unserved_kinds"]),
         )
         for row in rows
