@@ -54,14 +54,7 @@ TIME = Timestamp()
 @click.option(
     "--before-dlq-at", type=TIME, metavar="TIME", help="Page cursor: the last DLQ_AT shown."
 )
-@click.option(
-    "--limit",
-    type=cli.LIMIT,
-    default=50,
-    show_default=True,
-    metavar="N",
-    help="Show at most N entries (1 to 1000).",
-)
+@cli.limit_option("entries")
 @cli.json_option
 @cli.pass_client
 def list_entries(

@@ -320,6 +320,18 @@ def print_json(value: Any) -> None:
     click.echo(json.dumps(to_jsonable(value), indent=2, ensure_ascii=False, default=str))
 
 
+def limit_option(what: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """``--limit N``: show at most N ``what`` (1 to 1000, default 50)."""
+    return click.option(
+        "--limit",
+        type=LIMIT,
+        default=50,
+        show_default=True,
+        metavar="N",
+        help=f"Show at most N {what} (1 to 1000).",
+    )
+
+
 def report(as_json: bool, value: Any, text: str) -> None:
     """Print a command's result: ``value`` as JSON, or ``text``."""
     if as_json:

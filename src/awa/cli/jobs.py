@@ -33,14 +33,7 @@ _STATE_NAMES = ", ".join(state.value for state in JobState)
 )
 @click.option("--kind", type=cli.KIND, help="Only jobs of this kind.")
 @click.option("--queue", type=cli.QUEUE, help="Only jobs in this queue.")
-@click.option(
-    "--limit",
-    type=cli.LIMIT,
-    default=50,
-    show_default=True,
-    metavar="N",
-    help="Show at most N jobs (1 to 1000).",
-)
+@cli.limit_option("jobs")
 @cli.json_option
 @cli.pass_client
 def list_jobs(

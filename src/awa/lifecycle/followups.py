@@ -212,14 +212,7 @@ async def insert_follow_ups(
 def count_follow_ups(kind: str, trigger: Trigger, inserted: int, duplicates: int) -> None:
     """Count the follow-ups of one transition, inserted and skipped as duplicates."""
     attributes = {metrics.KIND: kind, "awa.follow_up.trigger": trigger.value}
-    if inserted:
-        metrics.follow_ups_committed.add(
-            inserted, {**attributes, "awa.follow_up.result": "inserted"}
-        )
-    if duplicates:
-        metrics.follow_ups_committed.add(
-            duplicates, {**attributes, "awa.follow_up.result": "duplicate"}
-        )
+    metrics.count_inserted(metrics.follow_ups_committed, attributes, inserted, duplicates)
 
 
 def follow_up_flow(jobs: Sequence[PreparedJob]) -> Flow[SkippingInsert]:

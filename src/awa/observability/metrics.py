@@ -249,3 +249,13 @@ _meter.create_observable_gauge(
     unit="s",
     description="Age of the leader's last queue sample (grows when no leader samples)",
 )
+
+
+def count_inserted(
+    counter: metrics.Counter, attributes: dict[str, Any], inserted: int, duplicates: int
+) -> None:
+    """Count follow-ups by ``awa.follow_up.result``: inserted, or skipped as duplicates."""
+    if inserted:
+        counter.add(inserted, {**attributes, "awa.follow_up.result": "inserted"})
+    if duplicates:
+        counter.add(duplicates, {**attributes, "awa.follow_up.result": "duplicate"})

@@ -363,14 +363,8 @@ class Finalizer:
 def count_staged(kind: str, queue: str, inserted: int, duplicates: int) -> None:
     """Count a committed completion's staged follow-ups (after the commit)."""
     attributes = {metrics.KIND: kind, metrics.QUEUE: queue}
-    if inserted:
-        metrics.staged_follow_ups_committed.add(
-            inserted, {**attributes, "awa.follow_up.result": "inserted"}
-        )
-    if duplicates:
-        metrics.staged_follow_ups_committed.add(
-            duplicates, {**attributes, "awa.follow_up.result": "duplicate"}
-        )
+    counter = metrics.staged_follow_ups_committed
+    metrics.count_inserted(counter, attributes, inserted, duplicates)
 
 
 @contextlib.contextmanager
