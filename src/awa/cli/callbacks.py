@@ -24,10 +24,9 @@ from awa.cli.group import (
     CliError,
     database_url_from_context,
     format_time,
-    json_option,
+    json_client,
     load_client,
     main,
-    pass_client,
     print_json,
     report,
 )
@@ -82,8 +81,7 @@ def _report(row: JobRow, as_json: bool, note: str = "") -> None:
 @click.argument("callback_id", metavar="ID")
 @payload_option
 @lease_option
-@json_option
-@pass_client
+@json_client
 def complete(
     client: awa.Client, callback_id: str, payload: str | None, run_lease: int | None, as_json: bool
 ) -> None:
@@ -103,8 +101,7 @@ def complete(
 @click.argument("callback_id", metavar="ID")
 @click.option("--error", "error", required=True, help="Why it failed (kept in the job's errors).")
 @lease_option
-@json_option
-@pass_client
+@json_client
 def fail(
     client: awa.Client, callback_id: str, error: str, run_lease: int | None, as_json: bool
 ) -> None:
@@ -121,8 +118,7 @@ def fail(
 @callback.command("retry")
 @click.argument("callback_id", metavar="ID")
 @lease_option
-@json_option
-@pass_client
+@json_client
 def retry(client: awa.Client, callback_id: str, run_lease: int | None, as_json: bool) -> None:
     """Run the job parked on callback ID again, from attempt 0.
 
@@ -139,8 +135,7 @@ def retry(client: awa.Client, callback_id: str, run_lease: int | None, as_json: 
 @click.argument("callback_id", metavar="ID")
 @payload_option
 @lease_option
-@json_option
-@pass_client
+@json_client
 def resume(
     client: awa.Client, callback_id: str, payload: str | None, run_lease: int | None, as_json: bool
 ) -> None:
@@ -167,8 +162,7 @@ def resume(
     help="What to do when no CEL expression of the callback decides.",
 )
 @lease_option
-@json_option
-@pass_client
+@json_client
 def resolve(
     client: awa.Client,
     callback_id: str,
@@ -209,8 +203,7 @@ def resolve(
     metavar="SECONDS",
     help="The new timeout, from now.",
 )
-@json_option
-@pass_client
+@json_client
 def heartbeat(client: awa.Client, callback_id: str, timeout_seconds: float, as_json: bool) -> None:
     """Move the callback's timeout to SECONDS from now.
 

@@ -55,8 +55,7 @@ TIME = Timestamp()
     "--before-dlq-at", type=TIME, metavar="TIME", help="Page cursor: the last DLQ_AT shown."
 )
 @cli.limit_option("entries")
-@cli.json_option
-@cli.pass_client
+@cli.json_client
 def list_entries(
     client: awa.Client,
     kind: str | None,
@@ -113,8 +112,7 @@ def _cells(entry: DlqEntry) -> list[object]:
 
 @dlq.command("get", context_settings=cli.TAKES_JOB_ID)
 @click.argument("job_id", metavar="ID", type=cli.JOB_ID)
-@cli.json_option
-@cli.pass_client
+@cli.json_client
 def get_entry(client: awa.Client, job_id: int, as_json: bool) -> None:
     """Show one entry in full: why and when it was moved, the job and its errors."""
     entry = client.get_dlq_job(job_id)
@@ -165,8 +163,7 @@ def _bulk_scope(kind: str | None, queue: str | None, tag: str | None) -> str:
 @click.option("--queue", type=cli.QUEUE, help="Without ID: retry every entry of this queue.")
 @click.option("--tag", type=cli.TAG, help="Without ID: retry every entry with this tag.")
 @click.option("--all", "every", is_flag=True, help="Without ID: retry every entry.")
-@cli.json_option
-@cli.pass_client
+@cli.json_client
 def retry(
     client: awa.Client,
     job_id: int | None,
@@ -212,8 +209,7 @@ def retry(
 @click.option("--tag", type=cli.TAG, help="Purge the entries with this tag.")
 @click.option("--before", type=TIME, metavar="TIME", help="Only entries moved before TIME.")
 @click.option("--all", "every", is_flag=True, help="Purge every entry (with --before: older).")
-@cli.json_option
-@cli.pass_client
+@cli.json_client
 def purge(
     client: awa.Client,
     job_id: int | None,
@@ -245,8 +241,7 @@ def purge(
 
 @dlq.command("depth")
 @click.option("--queue", type=cli.QUEUE, help="Count the entries of this queue only.")
-@cli.json_option
-@cli.pass_client
+@cli.json_client
 def depth(client: awa.Client, queue: str | None, as_json: bool) -> None:
     """Count the entries, by queue."""
     if queue is not None:

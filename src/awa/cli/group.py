@@ -26,6 +26,7 @@ import dataclasses
 import datetime as dt
 import enum
 import functools
+import getpass
 import importlib
 import json
 import os
@@ -271,6 +272,20 @@ json_option = click.option(
     "--json", "as_json", is_flag=True, help="Print JSON (for scripts) instead of text."
 )
 """The ``--json`` flag; the command receives it as ``as_json: bool``."""
+
+
+def current_user() -> str | None:
+    """Who runs the command (the default of ``--by``), when the system can tell."""
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):
+        return None
+
+
+def json_client(f: Callable[Concatenate[awa.Client, P], R]) -> Callable[P, R]:
+    """``--json`` and a blocking client, what most commands take (``pass_client`` then
+    ``json_option``)."""
+    return json_option(pass_client(f))
 
 
 def to_jsonable(value: Any) -> Any:

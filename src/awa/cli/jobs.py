@@ -34,8 +34,7 @@ _STATE_NAMES = ", ".join(state.value for state in JobState)
 @click.option("--kind", type=cli.KIND, help="Only jobs of this kind.")
 @click.option("--queue", type=cli.QUEUE, help="Only jobs in this queue.")
 @cli.limit_option("jobs")
-@cli.json_option
-@cli.pass_client
+@cli.json_client
 def list_jobs(
     client: awa.Client,
     state: str | None,
@@ -135,8 +134,7 @@ def _describe(row: JobRow) -> None:
 
 @job.command("get", context_settings=cli.TAKES_JOB_ID)
 @click.argument("job_id", metavar="ID", type=cli.JOB_ID)
-@cli.json_option
-@cli.pass_client
+@cli.json_client
 def get_job(client: awa.Client, job_id: int, as_json: bool) -> None:
     """Show one job in full.
 
@@ -165,8 +163,7 @@ def _report_change(
 
 @job.command("cancel", context_settings=cli.TAKES_JOB_ID)
 @click.argument("job_id", metavar="ID", type=cli.JOB_ID)
-@cli.json_option
-@cli.pass_client
+@cli.json_client
 def cancel_job(client: awa.Client, job_id: int, as_json: bool) -> None:
     """Cancel a job that has not finished.
 
@@ -178,8 +175,7 @@ def cancel_job(client: awa.Client, job_id: int, as_json: bool) -> None:
 
 @job.command("retry", context_settings=cli.TAKES_JOB_ID)
 @click.argument("job_id", metavar="ID", type=cli.JOB_ID)
-@cli.json_option
-@cli.pass_client
+@cli.json_client
 def retry_job(client: awa.Client, job_id: int, as_json: bool) -> None:
     """Run a failed, cancelled or parked job again.
 
@@ -216,8 +212,7 @@ def retry_failed(ctx: click.Context, kind: str | None, queue: str | None, as_jso
 @click.option(
     "--kind", type=cli.KIND, required=True, help="The kind whose failed jobs are deleted."
 )
-@cli.json_option
-@cli.pass_client
+@cli.json_client
 def discard_failed(client: awa.Client, kind: str, as_json: bool) -> None:
     """Delete every failed job of a kind, for good."""
     count = client.discard_failed(kind)
@@ -228,8 +223,7 @@ def discard_failed(client: awa.Client, kind: str, as_json: bool) -> None:
 
 @job.command("kinds")
 @click.argument("kind", metavar="[KIND]", type=cli.KIND, required=False)
-@cli.json_option
-@cli.pass_client
+@cli.json_client
 def job_kinds(client: awa.Client, kind: str | None, as_json: bool) -> None:
     """The job kinds workers registered or described (client.job_kind_descriptor), with
     their descriptors and the queue of their task.

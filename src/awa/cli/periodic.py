@@ -3,8 +3,6 @@ remove periodic jobs."""
 
 from __future__ import annotations
 
-import getpass
-
 import click
 
 import awa
@@ -24,8 +22,7 @@ cli.main.add_command(periodic, "cron")  # the first name, kept
 
 
 @periodic.command("list")
-@cli.json_option
-@cli.pass_client
+@cli.json_client
 def list_periodic(client: awa.Client, as_json: bool) -> None:
     """Every stored schedule: expression, zone, next and last fire, paused or not, and
     why it cannot fire (ERROR: an expression or zone this version refuses, or one that
@@ -56,21 +53,13 @@ def list_periodic(client: awa.Client, as_json: bool) -> None:
     cli.print_table(headers, rows)
 
 
-def _user() -> str | None:
-    try:
-        return getpass.getuser()
-    except (OSError, KeyError):
-        return None
-
-
 @periodic.command("pause")
 @click.argument("name")
 @click.option("--by", "paused_by", help="Who paused it (default: your user name).")
-@cli.json_option
-@cli.pass_client
+@cli.json_client
 def pause(client: awa.Client, name: str, paused_by: str | None, as_json: bool) -> None:
     """Stop NAME's fires until it is resumed (its history stays)."""
-    paused_by = paused_by or _user()
+    paused_by = paused_by or cli.current_user()
     if not client.pause_cron_job(name, paused_by=paused_by):
         cli.fail(f"no periodic job named {name!r}")
     cli.report(
@@ -82,8 +71,7 @@ def pause(client: awa.Client, name: str, paused_by: str | None, as_json: bool) -
 
 @periodic.command("resume")
 @click.argument("name")
-@cli.json_option
-@cli.pass_client
+@cli.json_client
 def resume(client: awa.Client, name: str, as_json: bool) -> None:
     """Let NAME fire again. The fires it missed while paused follow its missed-fire policy:
     coalesce enqueues the latest one, catch_up each of them."""
@@ -94,8 +82,7 @@ def resume(client: awa.Client, name: str, as_json: bool) -> None:
 
 @periodic.command("trigger")
 @click.argument("name")
-@cli.json_option
-@cli.pass_client
+@cli.json_client
 def trigger(client: awa.Client, name: str, as_json: bool) -> None:
     """Enqueue NAME's job now, even when paused, without moving its schedule."""
     job = client.trigger_cron_job(name)
@@ -106,8 +93,7 @@ def trigger(client: awa.Client, name: str, as_json: bool) -> None:
 
 @periodic.command("remove")
 @click.argument("name")
-@cli.json_option
-@cli.pass_client
+@cli.json_client
 def remove(client: awa.Client, name: str, as_json: bool) -> None:
     """Delete NAME's schedule. A worker whose code still declares it stores it again when
     it starts: remove it from the code too."""

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import getpass
-
 import click
 
 import awa
@@ -21,8 +19,7 @@ _STATS_STATES += [JobState.WAITING_EXTERNAL, JobState.FAILED]
 
 
 @queue.command("stats")
-@cli.json_option
-@cli.pass_client
+@cli.json_client
 def queue_stats(client: awa.Client, as_json: bool) -> None:
     """Jobs per queue and state, the age of the oldest available job, pause status, and
     the fleet-wide flow limits with the due jobs each holds back now.
@@ -74,13 +71,6 @@ def _describe_held(held: awa.HeldBack) -> str:
     return ", ".join(parts) or "0"
 
 
-def _default_pauser() -> str | None:
-    try:
-        return getpass.getuser()
-    except (OSError, KeyError):
-        return None
-
-
 @queue.command("pause")
 @click.argument("name", metavar="QUEUE", type=cli.QUEUE)
 @click.option(
@@ -89,15 +79,14 @@ def _default_pauser() -> str | None:
     type=cli.TEXT,
     help="Who paused it (default: your user name; at most 200 characters).",
 )
-@cli.json_option
-@cli.pass_client
+@cli.json_client
 def pause_queue(client: awa.Client, name: str, paused_by: str | None, as_json: bool) -> None:
     """Stop workers from claiming jobs of QUEUE; running jobs finish. Inserts still work.
 
     A queue no job has used yet is paused too (ready for its first jobs), with a note to
     check the name; --json then says "known": false.
     """
-    paused_by = paused_by or _default_pauser()
+    paused_by = paused_by or cli.current_user()
     with client.connection() as conn:
         known = awa.admin.queue_known(conn, name)
     client.pause_queue(name, paused_by=paused_by)
@@ -110,8 +99,7 @@ def pause_queue(client: awa.Client, name: str, paused_by: str | None, as_json: b
 
 @queue.command("resume")
 @click.argument("name", metavar="QUEUE", type=cli.QUEUE)
-@cli.json_option
-@cli.pass_client
+@cli.json_client
 def resume_queue(client: awa.Client, name: str, as_json: bool) -> None:
     """Let workers claim jobs of QUEUE again."""
     was_paused = client.resume_queue(name)
@@ -125,8 +113,7 @@ def resume_queue(client: awa.Client, name: str, as_json: bool) -> None:
 
 @queue.command("drain")
 @click.argument("name", metavar="QUEUE", type=cli.QUEUE)
-@cli.json_option
-@cli.pass_client
+@cli.json_client
 def drain_queue(client: awa.Client, name: str, as_json: bool) -> None:
     """Cancel every job of QUEUE that waits to run or is parked on a callback.
 
@@ -140,8 +127,7 @@ def drain_queue(client: awa.Client, name: str, as_json: bool) -> None:
 
 @queue.command("descriptors")
 @click.argument("name", metavar="[QUEUE]", type=cli.QUEUE, required=False)
-@cli.json_option
-@cli.pass_client
+@cli.json_client
 def queue_descriptors(client: awa.Client, name: str | None, as_json: bool) -> None:
     """What each queue is for: the descriptors workers declared (client.queue_descriptor)
     and stored when they started, blank for queues run without one.

@@ -16,8 +16,7 @@ def workflow() -> None:
 
 @workflow.command("get")
 @click.argument("workflow_id")
-@cli.json_option
-@cli.pass_client
+@cli.json_client
 def get(client: awa.Client, workflow_id: str, as_json: bool) -> None:
     """Show every job of WORKFLOW_ID (a UUID) with its state and the jobs it waits for."""
     info = client.get_workflow(workflow_id)
@@ -57,8 +56,7 @@ def get(client: awa.Client, workflow_id: str, as_json: bool) -> None:
 
 @workflow.command("cancel")
 @click.argument("workflow_id")
-@cli.json_option
-@cli.pass_client
+@cli.json_client
 def cancel(client: awa.Client, workflow_id: str, as_json: bool) -> None:
     """Cancel every unfinished job of WORKFLOW_ID (blocked ones included)."""
     count = client.cancel_workflow(workflow_id)
