@@ -289,14 +289,16 @@ def _records(rows: list[dict[str, Any]]) -> list[BatchOperation]:
 # Operations -------------------------------------------------------------------------------
 
 
-def _preview_flow(params: dict[str, Any]) -> Flow[BatchOperationPreview]:
-    count = yield Statement(query("batch_preview_count"), params, lambda r: int(r[0]["count"]))
-    sample = yield Statement(
-        query("batch_preview_sample"),
-        {**params, "limit": PREVIEW_SAMPLE},
-        lambda rows: [job_dict(JobRow.from_record(row)) for row in rows],
-    )
+def _preview(rows: list[dict[str, Any]]) -> BatchOperationPreview:
+    count = int(rows[0]["matched"]) if rows else 0
+    sample = [job_dict(JobRow.from_record(row)) for row in rows]
     return BatchOperationPreview(total_matched=count, sample=sample)
+
+
+def _preview_flow(params: dict[str, Any]) -> Flow[BatchOperationPreview]:
+    limited = {**params, "limit": PREVIEW_SAMPLE}
+    preview: BatchOperationPreview = yield Statement(query("batch_preview"), limited, _preview)
+    return preview
 
 
 @operation
