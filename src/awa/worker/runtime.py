@@ -47,7 +47,7 @@ from awa.worker.finalizer import (
     batched_completed_event,
     commit_or_record_failure,
 )
-from awa.worker.follow_up_batch import flush_with_follow_ups
+from awa.worker.follow_up_batch import flush_with_follow_ups, has_follow_ups
 from awa.worker.heartbeat import Heartbeat
 from awa.worker.lanes import LanePositions
 from awa.worker.listener import Listener
@@ -145,6 +145,7 @@ class Runtime:
         self._completer = CompletionBatcher(
             host.connection,
             flush=functools.partial(flush_with_follow_ups, self._finalizer),
+            may_overlap=functools.partial(has_follow_ups, self._finalizer),
             batch_size=config.completion_batch_size,
             linger=config.completion_linger,
             on_done=self._completions_done,
