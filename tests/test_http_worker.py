@@ -16,7 +16,12 @@ import datetime as dt
 import email.utils
 import hashlib
 import hmac
+import json
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -456,3 +461,29 @@ def test_retry_after_forms() -> None:
     assert retry_after_seconds("Wed, 31 Dec 2025 00:00:00 GMT", now) == 0
     for unusable in (None, "", "soon", "-5", "1.5", "١٢"):
         assert retry_after_seconds(unusable, now) is None
+
+
+# Traces ------------------------------------------------------------------------------------
+
+
+def test_the_request_is_a_client_span_of_the_attempt_and_carries_its_context(
+    database_url: str,
+) -> None:
+    """In a process with a tracer provider (tests/procs/http_trace_scenario.py): the POST is
+    a client span under the attempt's consumer span, and the function gets its context."""
+    result = subprocess.run(
+        [sys.executable, str(Path(__file__).parent / "procs" / "http_trace_scenario.py")],
+        env={**os.environ, "DATABASE_URL": database_url},
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    *spans, received = [json.loads(line) for line in result.stdout.splitlines()]
+    [post] = [span for span in spans if span["name"] == "POST"]
+    [attempt] = [span for span in spans if span["id"] == post["parent"]]
+    assert (attempt["name"], attempt["kind"]) == ("job.execute render_pdf", "CONSUMER")
+    assert post["kind"] == "CLIENT"
+    assert post["attributes"]["http.response.status_code"] == 200
+    assert received["traceparent"].startswith(f"00-{post['trace']}-{post['id']}-")
