@@ -160,11 +160,12 @@ async def test_other_4xx_fail_for_good(
     [
         (Answer(500, b"boom"), "answered 500 Internal Server Error: boom"),
         (Answer(502), "answered 502 Bad Gateway"),
+        (Answer(500, b"x" * 5000), "answered 500 Internal Server Error: " + "x" * 1024 + " ..."),
         (Answer(503), "answered 503 Service Unavailable"),  # no Retry-After: a plain retry
         (Answer(429), "answered 429 Too Many Requests"),
         (Answer(200, delay=5), "no answer within 0.5s"),
     ],
-    ids=["500", "502", "503", "429", "timeout"],
+    ids=["500", "502", "500-long-body", "503", "429", "timeout"],
 )
 async def test_5xx_and_timeouts_retry(
     client: awa.AsyncClient, conn: Conn, answer: Answer, expected: str
@@ -441,6 +442,7 @@ def test_a_bad_url_is_refused_at_registration(url: Any, message: str) -> None:
         ({"max_connections": 1.5}, "max_connections must be a whole number"),
         ({"max_response_bytes": 2**21}, "max_response_bytes must be at most 1048576"),
         ({"headers": {"X-Awa-Signature": "x"}}, "is set by awa and cannot be given"),
+        ({"headers": {"content-type": "text/xml"}}, "'content-type' is set by awa"),
         ({"headers": {"Bad Name": "x"}}, "header name 'Bad Name' is not a valid HTTP token"),
         ({"headers": {"X-Trace": "a\r\nb"}}, "must be ASCII text without CR, LF or NUL"),
         ({"contract_secret": "abcd"}, "contract_secret: callback secret must be exactly 32"),
@@ -459,8 +461,9 @@ def test_retry_after_forms() -> None:
     assert retry_after_seconds("120", now) == 120
     assert retry_after_seconds("Thu, 01 Jan 2026 00:01:00 GMT", now) == 60
     assert retry_after_seconds("Wed, 31 Dec 2025 00:00:00 GMT", now) == 0
-    for unusable in (None, "", "soon", "-5", "1.5", "١٢"):
+    for unusable in (None, "", "soon", "-5", "1.5", "١٢", "Thu, 01 Jan 99999 00:00:00 GMT"):
         assert retry_after_seconds(unusable, now) is None
+    assert retry_after_seconds("9" * 5000, now) == float("inf")  # cut by max_retry_after
 
 
 # Traces ------------------------------------------------------------------------------------

@@ -34,6 +34,10 @@ DEFAULT_MAX_RETRY_AFTER = 24 * 3600.0
 """The longest ``Retry-After`` honoured, in seconds; a longer one is cut to this."""
 RESERVED_PREFIX = "x-awa-"
 """Header names awa sets itself (signatures, timestamps): refused in ``headers``."""
+RESERVED_HEADERS = frozenset(
+    {"accept-encoding", "content-length", "content-type", "host", "traceparent"}
+)
+"""Other headers awa sets (or the HTTP client does), refused in ``headers`` too."""
 
 # RFC 9110 token characters: what a header name may be made of.
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
@@ -134,7 +138,7 @@ def _headers(value: Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
         if not isinstance(name, str) or _TOKEN.fullmatch(name) is None:
             raise ValidationError(f"header name {name!r} is not a valid HTTP token")
         lowered = name.lower()
-        if lowered.startswith(RESERVED_PREFIX) or lowered in ("content-length", "host"):
+        if lowered.startswith(RESERVED_PREFIX) or lowered in RESERVED_HEADERS:
             raise ValidationError(f"header {name!r} is set by awa and cannot be given")
         if not isinstance(text, str) or _UNSAFE_VALUE.search(text) or not text.isascii():
             raise ValidationError(

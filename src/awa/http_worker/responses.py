@@ -67,10 +67,10 @@ def retry_after_seconds(value: str | None, now: float | None = None) -> float | 
         return None
     text = value.strip()
     if text.isascii() and text.isdigit():
-        return float(int(text))
+        return float(text)  # inf for absurd lengths: the caller caps it
     try:
         when = email.utils.parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
     if when.tzinfo is None:
         when = when.replace(tzinfo=dt.UTC)

@@ -94,9 +94,11 @@ class Transport:
 
 async def _read(response: httpx.Response, success_bytes: int) -> Reply:
     status = response.status_code
-    limit = success_bytes if 200 <= status < 300 else ERROR_BODY_BYTES
+    success = 200 <= status < 300
+    limit = success_bytes if success else ERROR_BODY_BYTES
     declared = response.headers.get("content-length", "").strip()
-    truncated = declared.isascii() and declared.isdigit() and int(declared) > limit
+    # An output too large is refused unread; an error's first bytes are read to quote them.
+    truncated = success and declared.isascii() and declared.isdigit() and int(declared) > limit
     chunks: list[bytes] = []
     size = 0
     if not truncated and limit > 0:
