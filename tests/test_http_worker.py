@@ -30,9 +30,10 @@ import awa
 from awa import callback_contract
 from awa.callbacks.http import create_app
 from awa.http_worker import HttpHandler, RequestSignatureError, sign_request, verify_request
+from awa.testing import AwaTestClient
 from helpers_http_worker import Answer, FunctionServer, Request, post_json, refused_url, serving
 from helpers_lifecycle import Counters, Recorder
-from helpers_worker import db_now, queue, seconds, start, wait_for, wait_for_state
+from helpers_worker import db_now, queue, row, seconds, start, wait_for, wait_for_state
 from jobs_helpers import Conn
 
 QUEUE = "fn"
@@ -201,6 +202,46 @@ async def test_a_json_body_jsonb_cannot_hold_fails_with_a_clear_message(
         [job_id] = await work(client, HttpHandler(function.url))
         row = await wait_for_state(conn, job_id, "failed")
     assert "answered 200 with a body that cannot be the job's output" in last_error(row)
+
+
+async def test_a_deadline_interrupts_a_function_that_answers_too_late(
+    client: awa.AsyncClient, conn: Conn
+) -> None:
+    """Deadline rescue applies as to any handler: the request in flight is abandoned."""
+    with answering(Answer(200, delay=10)) as function:
+        handler = HttpHandler(function.url, timeout=30)
+        client.task(RenderPdf, queue=QUEUE)(handler)
+        job = await client.insert(RenderPdf("slow"), queue=QUEUE, deadline_duration=0.5)
+        await start(client, queue(QUEUE), deadline_rescue_interval=0.1)
+        row = await wait_for_state(conn, job.id, "retryable")
+        await wait_for(lambda: handler.in_flight == 0, message="the request was not abandoned")
+    assert "deadline" in last_error(row)
+
+
+async def test_shutdown_abandons_the_request_and_keeps_the_attempt(
+    client: awa.AsyncClient, conn: Conn
+) -> None:
+    with answering(Answer(200, delay=10)) as function:
+        handler = HttpHandler(function.url, timeout=30)
+        [job_id] = await work(client, handler, max_attempts=1)
+        await wait_for(lambda: handler.in_flight == 1)
+        began = time.monotonic()
+        await client.shutdown(timeout=0.2)
+        took = time.monotonic() - began
+        await wait_for(lambda: handler.in_flight == 0)
+    assert took < 2  # abandoned once is_cancelled() turned true, not after the grace
+    final = row(conn, job_id)
+    assert final["state"] in ("available", "scheduled")  # back on its queue, due now
+    assert final["attempt"] == 0  # the abandoned attempt is not consumed
+    assert final["errors"] == []
+
+
+async def test_the_testing_harness_runs_an_http_handler(client: awa.AsyncClient) -> None:
+    with answering(Answer(200, b'{"pages": 2}')) as function:
+        await client.insert(RenderPdf("a"))
+        result = await AwaTestClient(client).work_one(RenderPdf, HttpHandler(function.url))
+    assert result.is_completed()
+    assert result.output == {"pages": 2}
 
 
 # Signed requests ---------------------------------------------------------------------------

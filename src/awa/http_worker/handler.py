@@ -5,7 +5,8 @@ as to any other."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+from collections.abc import Coroutine, Mapping
 from typing import Any
 
 import orjson
@@ -27,6 +28,12 @@ from awa.version import __version__
 __all__ = ["HttpHandler"]
 
 USER_AGENT = f"awa-py/{__version__}"
+CANCEL_POLL_SECONDS = 0.1
+"""How often a request in flight looks whether its attempt was cancelled or rescued."""
+ABANDONED = Snooze(0)
+"""The outcome of an attempt whose request was abandoned because the attempt was cancelled
+or rescued: after a cancel or a rescue it changes nothing (the attempt is over); at shutdown
+it puts the job back on its queue at once, without consuming the attempt."""
 
 
 class HttpHandler:
@@ -110,6 +117,8 @@ class HttpHandler:
     async def _call(self, job: Job[Any]) -> Snooze | None:
         options = self.options
         reply = await self._post(job, {}, options.max_response_bytes)
+        if reply is None:
+            return ABANDONED
         snooze = judge(reply, options.shown_url, options.max_retry_after)
         if snooze is not None:
             return snooze
@@ -140,6 +149,8 @@ class HttpHandler:
         if options.contract_secret is not None:
             extra = callback_contract.signature_headers(options.contract_secret, token.id)
         reply = await self._post(job, callback, 0, extra)
+        if reply is None:
+            return ABANDONED
         snooze = judge(reply, options.shown_url, options.max_retry_after)
         return snooze if snooze is not None else WaitForCallback(token)
 
@@ -149,7 +160,9 @@ class HttpHandler:
         callback: dict[str, str],
         success_bytes: int,
         extra: dict[str, str] | None = None,
-    ) -> Reply:
+    ) -> Reply | None:
+        """The function's reply; None when the attempt was cancelled or rescued before it
+        came (the request is abandoned)."""
         options = self.options
         body = orjson.dumps(
             callback_contract.function_request(
@@ -177,7 +190,22 @@ class HttpHandler:
             if span is not None:
                 span.set_attribute("http.request.method", "POST")
                 span.set_attribute("url.full", options.shown_url)
-            reply = await self._transport.post(body, headers, success_bytes)
-            if span is not None:
+            reply = await _until_cancelled(job, self._transport.post(body, headers, success_bytes))
+            if span is not None and reply is not None:
                 span.set_attribute("http.response.status_code", reply.status)
         return reply
+
+
+async def _until_cancelled(job: Job[Any], request: Coroutine[Any, Any, Reply]) -> Reply | None:
+    """``request``'s reply; None when the attempt is cancelled or rescued first
+    (``job.is_cancelled()``, looked at every ``CANCEL_POLL_SECONDS``): the request is then
+    abandoned at once and its connection closed."""
+    sending = asyncio.ensure_future(request)
+    try:
+        while not job.is_cancelled():
+            done, _ = await asyncio.wait({sending}, timeout=CANCEL_POLL_SECONDS)
+            if done:
+                return sending.result()
+    finally:
+        sending.cancel()  # a no-op once it is done
+    return None
