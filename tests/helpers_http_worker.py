@@ -15,7 +15,7 @@ import threading
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, BinaryIO
 
 import uvicorn
 
@@ -46,6 +46,8 @@ class Answer:
     headers: dict[str, str] = dataclasses.field(default_factory=dict)
     delay: float = 0.0
     then: Callable[[], None] | None = None
+    raw: Callable[[BinaryIO], None] | None = None
+    """Writes the whole answer itself, bytes on the wire (a hostile function)."""
 
 
 Respond = Callable[[Request], Answer]
@@ -91,6 +93,9 @@ class FunctionServer:
             answer = self.respond(request)
             if answer.delay:
                 self._closing.wait(answer.delay)
+            if answer.raw is not None:
+                answer.raw(handler.wfile)
+                return
             handler.send_response(answer.status)
             for name, value in answer.headers.items():
                 handler.send_header(name, value)
@@ -99,7 +104,7 @@ class FunctionServer:
             handler.wfile.write(answer.body)
             handler.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):
-            pass  # the worker gave up waiting (a timeout test)
+            return  # the worker gave up waiting or reading
         except BaseException as error:
             self.errors.append(error)
             raise
