@@ -507,6 +507,14 @@ def test_retry_after_forms() -> None:
     assert retry_after_seconds("9" * 5000, now) == float("inf")  # cut by max_retry_after
 
 
+def test_a_snooze_lasts_a_second_at_least() -> None:
+    """Retry-After: 0 again and again must not call the function in a tight loop."""
+    from awa.http_worker.responses import Reply, judge
+
+    assert judge(Reply(429, "", "0", b""), "u", 60) == awa.Snooze(1)
+    assert judge(Reply(503, "", "9" * 400, b""), "u", 60) == awa.Snooze(60)
+
+
 # Traces ------------------------------------------------------------------------------------
 
 

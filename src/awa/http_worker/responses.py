@@ -41,6 +41,9 @@ RETRYABLE_STATUSES = frozenset({408, 429})
 """4xx statuses that say "later", not "never": retried like a 5xx."""
 SNOOZE_STATUSES = frozenset({429, 503})
 """Statuses whose ``Retry-After`` is honoured as a snooze."""
+MIN_RETRY_AFTER = 1.0
+"""The shortest snooze, in seconds: a snooze consumes no attempt, so ``Retry-After: 0``
+repeated would otherwise call the function in a tight loop."""
 
 
 class FunctionError(Exception):
@@ -94,7 +97,7 @@ def judge(reply: Reply, url: str, max_retry_after: float) -> Snooze | None:
     if reply.status in SNOOZE_STATUSES:
         delay = retry_after_seconds(reply.retry_after)
         if delay is not None:
-            return Snooze(min(delay, max_retry_after))
+            return Snooze(min(max(delay, MIN_RETRY_AFTER), max_retry_after))
     if reply.status in RETRYABLE_STATUSES or 500 <= reply.status < 600:
         raise FunctionError(answer)
     raise TerminalError(answer)
