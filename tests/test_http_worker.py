@@ -11,6 +11,7 @@ connections of a kind are capped, and the attempts are counted like any other.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import datetime as dt
 import email.utils
@@ -21,6 +22,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -50,15 +52,22 @@ def answering(answer: Answer) -> FunctionServer:
 
 
 async def work(
-    client: awa.AsyncClient, handler: HttpHandler, *, max_attempts: int = 5, jobs: int = 1
+    client: awa.AsyncClient,
+    handler: HttpHandler,
+    *,
+    max_attempts: int = 5,
+    jobs: int = 1,
+    deadline_duration: float | None = None,
+    **runtime: Any,
 ) -> list[int]:
-    """Register ``handler`` for RenderPdf, insert ``jobs`` jobs and start a worker."""
+    """Register ``handler`` for RenderPdf, insert ``jobs`` jobs and start a worker (with
+    ``runtime`` options)."""
     client.task(RenderPdf, queue=QUEUE)(handler)
-    inserted = [
-        await client.insert(RenderPdf(f"doc-{n}"), queue=QUEUE, max_attempts=max_attempts)
-        for n in range(jobs)
-    ]
-    await start(client, queue(QUEUE, max_workers=8))
+    options: dict[str, Any] = {"queue": QUEUE, "max_attempts": max_attempts}
+    if deadline_duration is not None:
+        options["deadline_duration"] = deadline_duration
+    inserted = [await client.insert(RenderPdf(f"doc-{n}"), **options) for n in range(jobs)]
+    await start(client, queue(QUEUE, max_workers=8), **runtime)
     return [job.id for job in inserted]
 
 
@@ -204,31 +213,34 @@ async def test_a_json_body_jsonb_cannot_hold_fails_with_a_clear_message(
     assert "answered 200 with a body that cannot be the job's output" in last_error(row)
 
 
+@contextlib.asynccontextmanager
+async def in_flight(client: awa.AsyncClient, **work_options: Any) -> AsyncIterator[int]:
+    """A job whose request waits on a function that answers after 10 s; yields its id once
+    the request is in flight, and checks on leaving that it was abandoned."""
+    with answering(Answer(200, delay=10)) as function:
+        handler = HttpHandler(function.url, timeout=30)
+        [job_id] = await work(client, handler, **work_options)
+        await wait_for(lambda: handler.in_flight == 1)
+        yield job_id
+        await wait_for(lambda: handler.in_flight == 0, message="the request was not abandoned")
+
+
 async def test_a_deadline_interrupts_a_function_that_answers_too_late(
     client: awa.AsyncClient, conn: Conn
 ) -> None:
     """Deadline rescue applies as to any handler: the request in flight is abandoned."""
-    with answering(Answer(200, delay=10)) as function:
-        handler = HttpHandler(function.url, timeout=30)
-        client.task(RenderPdf, queue=QUEUE)(handler)
-        job = await client.insert(RenderPdf("slow"), queue=QUEUE, deadline_duration=0.5)
-        await start(client, queue(QUEUE), deadline_rescue_interval=0.1)
-        row = await wait_for_state(conn, job.id, "retryable")
-        await wait_for(lambda: handler.in_flight == 0, message="the request was not abandoned")
-    assert "deadline" in last_error(row)
+    async with in_flight(client, deadline_duration=0.5, deadline_rescue_interval=0.1) as job_id:
+        rescued = await wait_for_state(conn, job_id, "retryable")
+    assert "deadline" in last_error(rescued)
 
 
 async def test_shutdown_abandons_the_request_and_keeps_the_attempt(
     client: awa.AsyncClient, conn: Conn
 ) -> None:
-    with answering(Answer(200, delay=10)) as function:
-        handler = HttpHandler(function.url, timeout=30)
-        [job_id] = await work(client, handler, max_attempts=1)
-        await wait_for(lambda: handler.in_flight == 1)
+    async with in_flight(client, max_attempts=1) as job_id:
         began = time.monotonic()
         await client.shutdown(timeout=0.2)
         took = time.monotonic() - began
-        await wait_for(lambda: handler.in_flight == 0)
     assert took < 2  # abandoned once is_cancelled() turned true, not after the grace
     final = row(conn, job_id)
     assert final["state"] in ("available", "scheduled")  # back on its queue, due now
