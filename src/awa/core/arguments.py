@@ -4,12 +4,14 @@ ValidationError naming the argument and its limit, before anything reaches the d
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
 from awa.errors import ValidationError
 from awa.model import (
     BIGINT_MAX,
+    INT_MAX,
     MAX_DURATION,
     MAX_IDS,
     MAX_LIST_LIMIT,
@@ -98,3 +100,36 @@ def check_client_options(max_connections: object, application_name: object) -> N
 def optional_name(field: str, value: object) -> str | None:
     """A filter naming a queue, kind, ...: None, or a name as ``check_name`` accepts."""
     return None if value is None else check_name(field, value)
+
+
+# Bounds of a rate limit, in jobs per second: beyond them the bucket's arithmetic (and the
+# wait it computes, 1/rate) stops meaning anything. The low end is about one job in 11 days.
+MIN_RATE = 1e-6
+MAX_RATE = float(INT_MAX)
+
+
+def check_rate_limit(where: str, value: object) -> tuple[float, int]:
+    """A rate limit given as ``(rate, burst)``, a bare rate, or a list (from TOML or JSON),
+    as ``(rate, burst)``; a burst of 0 means ``max(ceil(rate), 1)``."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        value = (value, 0)
+    if not (isinstance(value, tuple | list) and len(value) == 2):
+        raise ValidationError(
+            f"{where} must be a (jobs per second, burst) pair or a number, got {short_repr(value)}"
+        )
+    rate, burst = value
+    if (
+        isinstance(rate, bool)
+        or not isinstance(rate, int | float)
+        or not MIN_RATE <= rate <= MAX_RATE  # False for NaN
+    ):
+        raise ValidationError(
+            f"{where}: the rate must be a number of jobs per second from {MIN_RATE:g} to "
+            f"{MAX_RATE:.0f}, got {short_repr(rate)}"
+        )
+    if isinstance(burst, bool) or not isinstance(burst, int) or not 0 <= burst <= INT_MAX:
+        raise ValidationError(
+            f"{where}: the burst must be an integer from 0 (0: the rate) to {INT_MAX}, "
+            f"got {short_repr(burst)}"
+        )
+    return float(rate), burst or max(math.ceil(rate), 1)
