@@ -322,6 +322,10 @@ class RuntimeConfig:
     # Seconds between the leader's counts of each queue's jobs for the queue gauges (longer
     # on a large backlog: see worker/queue_sampling.py), and between each process's reads.
     queue_sample_interval: float = 5.0
+    # Seconds between this process's reads of the live queue overrides (awa.overrides); a
+    # change is also announced on awa_overrides, which applies it at once while the listener
+    # is connected.
+    override_refresh_interval: float = 5.0
     # Whether jobs that fail for good move to the dead-letter queue, for the queues that do
     # not set dlq_enabled themselves; and seconds an entry stays there before the leader
     # deletes it (counted from when it was moved).
@@ -357,6 +361,7 @@ class RuntimeConfig:
             "cleanup_interval",
             "cron_interval",
             "queue_sample_interval",
+            "override_refresh_interval",
             "dlq_retention",
             "ring_rotation_interval",
         ):
