@@ -230,14 +230,14 @@ def seconds_of(value: float | dt.timedelta, field: str) -> float:
         return value.total_seconds()
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValidationError(
-            f"{field} must be a number of seconds or a timedelta, not {type(value).__name__}"
+            f"{field} must be a finite number of seconds, not {type(value).__name__}"
         )
     try:
         seconds = float(value)
     except OverflowError:  # an int beyond any float
-        raise ValidationError(f"{field} must be finite") from None
+        seconds = math.inf
     if not math.isfinite(seconds):
-        raise ValidationError(f"{field} must be finite")
+        raise ValidationError(f"{field} must be a finite number of seconds, got {value!r}")
     return seconds
 
 

@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, TypedDict, cast, get_args
 
-from awa.core.arguments import check_limit, check_text
+from awa.core.arguments import check_limit, check_text, uuid_from
 from awa.core.kinds import dump_json
 from awa.errors import ArgumentTypeError, ValidationError
 from awa.model import (
@@ -236,15 +236,11 @@ def spec_params(stored: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _operation_id(value: object) -> uuid.UUID:
-    if isinstance(value, uuid.UUID):
-        return value
-    if not isinstance(value, str):
-        raise ArgumentTypeError(f"batch operation id must be a str, not {type(value).__name__}")
-    try:
-        return uuid.UUID(value)
-    except ValueError as error:
-        shown = repr(value) if len(value) <= 60 else f"{value[:40]!r}... ({len(value)} characters)"
-        raise ValidationError(f"invalid batch operation id: {error}: {shown}") from None
+    return uuid_from(
+        value,
+        lambda type_name: ArgumentTypeError(f"batch operation id must be a str, not {type_name}"),
+        lambda error, shown: ValidationError(f"invalid batch operation id: {error}: {shown}"),
+    )
 
 
 # Records ----------------------------------------------------------------------------------
@@ -289,14 +285,16 @@ def _records(rows: list[dict[str, Any]]) -> list[BatchOperation]:
 # Operations -------------------------------------------------------------------------------
 
 
-def _preview_flow(params: dict[str, Any]) -> Flow[BatchOperationPreview]:
-    count = yield Statement(query("batch_preview_count"), params, lambda r: int(r[0]["count"]))
-    sample = yield Statement(
-        query("batch_preview_sample"),
-        {**params, "limit": PREVIEW_SAMPLE},
-        lambda rows: [job_dict(JobRow.from_record(row)) for row in rows],
-    )
+def _preview(rows: list[dict[str, Any]]) -> BatchOperationPreview:
+    count = int(rows[0]["matched"]) if rows else 0
+    sample = [job_dict(JobRow.from_record(row)) for row in rows]
     return BatchOperationPreview(total_matched=count, sample=sample)
+
+
+def _preview_flow(params: dict[str, Any]) -> Flow[BatchOperationPreview]:
+    limited = {**params, "limit": PREVIEW_SAMPLE}
+    preview: BatchOperationPreview = yield Statement(query("batch_preview"), limited, _preview)
+    return preview
 
 
 @operation

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -73,15 +74,19 @@ lease_option = click.option(
 )
 
 
+def _payload_answer(f: Callable[..., None]) -> Callable[..., None]:
+    """The options of an answer carrying a payload: ``--payload``, ``--run-lease``,
+    ``--json`` (and the client)."""
+    return payload_option(lease_option(json_client(f)))
+
+
 def _report(row: JobRow, as_json: bool, note: str = "") -> None:
     report(as_json, row, f"job {row.id} is now {row.state.value}{note}")
 
 
 @callback.command("complete")
 @click.argument("callback_id", metavar="ID")
-@payload_option
-@lease_option
-@json_client
+@_payload_answer
 def complete(
     client: awa.Client, callback_id: str, payload: str | None, run_lease: int | None, as_json: bool
 ) -> None:
@@ -133,9 +138,7 @@ def retry(client: awa.Client, callback_id: str, run_lease: int | None, as_json: 
 
 @callback.command("resume")
 @click.argument("callback_id", metavar="ID")
-@payload_option
-@lease_option
-@json_client
+@_payload_answer
 def resume(
     client: awa.Client, callback_id: str, payload: str | None, run_lease: int | None, as_json: bool
 ) -> None:

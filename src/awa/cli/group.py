@@ -274,6 +274,36 @@ json_option = click.option(
 """The ``--json`` flag; the command receives it as ``as_json: bool``."""
 
 
+def print_descriptors(
+    rows: Sequence[Any],
+    as_json: bool,
+    empty: str,
+    names: list[str],
+    named: Callable[[Any], list[Any]],
+) -> None:
+    """Stored descriptors (of queues or job kinds) as JSON with ``declared``, or a table:
+    the ``names`` columns (``named(row)``), then display name, owner, tags, live, last seen."""
+    if as_json:
+        print_json([{**to_jsonable(row), "declared": row.declared} for row in rows])
+        return
+    if not rows:
+        click.echo(empty)
+        return
+    headers = [*names, "DISPLAY NAME", "OWNER", "TAGS", "LIVE", "LAST SEEN"]
+    cells = [
+        [
+            *named(row),
+            row.display_name,
+            row.owner,
+            ", ".join(row.tags) or None,
+            "yes" if row.live else "no",
+            format_time(row.last_seen_at),
+        ]
+        for row in rows
+    ]
+    print_table(headers, cells)
+
+
 def current_user() -> str | None:
     """Who runs the command (the default of ``--by``), when the system can tell."""
     try:

@@ -233,25 +233,7 @@ def job_kinds(client: awa.Client, kind: str | None, as_json: bool) -> None:
     --json.
     """
     rows = client.list_job_kind_descriptors(kind=kind)
-    if as_json:
-        cli.print_json([{**cli.to_jsonable(row), "declared": row.declared} for row in rows])
-        return
-    if not rows:
-        click.echo("no job kinds yet (workers store them when they start)")
-        return
-    headers = ["KIND", "QUEUE", "DISPLAY NAME", "OWNER", "TAGS", "LIVE", "LAST SEEN"]
-    cli.print_table(
-        headers,
-        [
-            [
-                row.kind,
-                row.queue,
-                row.display_name,
-                row.owner,
-                ", ".join(row.tags) or None,
-                "yes" if row.live else "no",
-                cli.format_time(row.last_seen_at),
-            ]
-            for row in rows
-        ],
+    empty = "no job kinds yet (workers store them when they start)"
+    cli.print_descriptors(
+        rows, as_json, empty, ["KIND", "QUEUE"], lambda row: [row.kind, row.queue]
     )

@@ -137,27 +137,8 @@ def queue_descriptors(client: awa.Client, name: str | None, as_json: bool) -> No
     with it or the leader saw it run. Descriptions, docs URLs and extra are in --json.
     """
     rows = client.list_queue_descriptors(queue=name)
-    if as_json:
-        cli.print_json([{**cli.to_jsonable(row), "declared": row.declared} for row in rows])
-        return
-    if not rows:
-        click.echo("no queue descriptors yet (workers store them when they start)")
-        return
-    headers = ["QUEUE", "DISPLAY NAME", "OWNER", "TAGS", "LIVE", "LAST SEEN"]
-    cli.print_table(
-        headers,
-        [
-            [
-                row.queue,
-                row.display_name,
-                row.owner,
-                ", ".join(row.tags) or None,
-                "yes" if row.live else "no",
-                cli.format_time(row.last_seen_at),
-            ]
-            for row in rows
-        ],
-    )
+    empty = "no queue descriptors yet (workers store them when they start)"
+    cli.print_descriptors(rows, as_json, empty, ["QUEUE"], lambda row: [row.queue])
 
 
 @queue.group("overrides")

@@ -5,7 +5,8 @@ ValidationError naming the argument and its limit, before anything reaches the d
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+import uuid
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, cast
 
 from awa.errors import ValidationError
@@ -100,6 +101,25 @@ def check_client_options(max_connections: object, application_name: object) -> N
 def optional_name(field: str, value: object) -> str | None:
     """A filter naming a queue, kind, ...: None, or a name as ``check_name`` accepts."""
     return None if value is None else check_name(field, value)
+
+
+def uuid_from(
+    value: object,
+    not_text: Callable[[str], Exception],
+    not_uuid: Callable[[ValueError, str], Exception],
+) -> uuid.UUID:
+    """``value`` (a UUID, or its text) as a UUID. The errors come from the caller:
+    ``not_text(type name)`` for another type, ``not_uuid(error, value as shown)`` for text
+    that is not a UUID (shortened when long)."""
+    if isinstance(value, uuid.UUID):
+        return value
+    if not isinstance(value, str):
+        raise not_text(type(value).__name__)
+    try:
+        return uuid.UUID(value)
+    except ValueError as error:
+        shown = repr(value) if len(value) <= 60 else f"{value[:40]!r}... ({len(value)} characters)"
+        raise not_uuid(error, shown) from None
 
 
 # Bounds of a rate limit, in jobs per second: beyond them the bucket's arithmetic (and the

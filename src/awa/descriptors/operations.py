@@ -24,9 +24,10 @@ from typing import Any
 
 import blake3
 
+from awa.core.arguments import check_text
 from awa.core.kinds import dump_json
 from awa.errors import ValidationError
-from awa.model import MAX_NAME_LENGTH, check_encodable, check_name, check_tags
+from awa.model import MAX_NAME_LENGTH, check_name, check_tags
 from awa.sql import query
 from awa.storage.db import Statement, operation
 
@@ -48,16 +49,7 @@ DOCS_URL_SCHEMES = ("http", "https")
 
 
 def _text(field: str, value: object, limit: int) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise ValidationError(f"{field} must be a string, not {type(value).__name__}")
-    if len(value) > limit:
-        raise ValidationError(f"{field} is {len(value)} characters long; the limit is {limit}")
-    if "\x00" in value:
-        raise ValidationError(f"{field} contains a NUL byte, which Postgres cannot store")
-    check_encodable(field, value)
-    return value
+    return None if value is None else check_text(field, value, limit)
 
 
 def _docs_url(value: object) -> str | None:

@@ -119,6 +119,23 @@ async def flush_plain(conn: Any, batch: list[Pending]) -> list[Done]:
     return [Done(job, duration, applied.get((job.id, job.run_lease))) for job, duration in batch]
 
 
+MAX_FLUSHES = 2
+"""Flushes in flight at once, each on its own connection, when the next batch may overlap
+(it has follow-ups): while one waits on the database, the next batch's follow-ups are
+planned and encoded in this process. Plain batches go one at a time: their statements are
+cheap to prepare, and two of them at once only compete for the server (the plain drain ran
+about 20 % slower with two)."""
+
+
+async def _first_of(wakeup: Awaitable[Any], flushes: set[asyncio.Task[None]]) -> None:
+    """Until ``wakeup`` returns or one of ``flushes`` ends."""
+    waiter = asyncio.ensure_future(wakeup)
+    try:
+        await asyncio.wait({waiter, *flushes}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+
+
 CLOSE_TIMEOUT = 5.0
 """Seconds ``close()`` keeps retrying a flush while the database is unreachable."""
 
@@ -141,9 +158,11 @@ class CompletionBatcher:
         linger: float,
         on_done: Callable[[list[Done]], None],
         flush: Flush = flush_plain,
+        may_overlap: Callable[[list[Pending]], bool] | None = None,
     ) -> None:
         self._connect = connect
         self._flush_batch = flush
+        self._may_overlap = may_overlap
         self._batch_size, self._linger = batch_size, linger  # how large, how long to wait
         self._on_done = on_done
         self._pending: list[Pending] = []
@@ -155,6 +174,7 @@ class CompletionBatcher:
         self._give_up_at = math.inf
         self._failures = FailureLog(log, "completing jobs")
         self._task: asyncio.Task[None] | None = None
+        self._delay = 0.05
 
     @property
     def pending(self) -> int:
@@ -194,54 +214,81 @@ class CompletionBatcher:
                 self._drop(len(self._pending))
 
     async def _run(self) -> None:
-        delay = 0.05
-        while True:
-            await self._wakeup.wait()
-            if not self._pending:
-                self._wakeup.clear()
-                self._idle.set()
-                if self._closing:
-                    return
-                continue
-            if (
-                len(self._pending) < self._batch_size
-                and not (self._closing or self._urgent)
-                and self._linger
-            ):
-                await asyncio.sleep(self._linger)
-            self._urgent = False
-            batch = self._pending[: self._batch_size]
-            try:
-                async with asyncio.timeout_at(self._deadline()):
-                    done = await self._flush(batch)
-            except (DatabaseError, psycopg.Error, TimeoutError) as error:
-                if self._closing and time.monotonic() >= self._give_up_at:
-                    log.warning(
-                        "shutting down: gave up completing %d jobs (%s); they stay running "
-                        "and rescue retries them",
-                        len(self._pending),
-                        one_line(error),
-                    )
-                    self._drop(len(self._pending))
+        flushes: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                if flushes and not self._overlaps(len(flushes)):
+                    await asyncio.wait(flushes, return_when=asyncio.FIRST_COMPLETED)
                     continue
-                self._failures.failed(error, then="retrying; the jobs keep their heartbeat")
-                await asyncio.sleep(min(delay, max(0.0, self._give_up_at - time.monotonic())))
-                delay = min(delay * 2, 5.0)
-                continue
-            except Exception:
-                # Not an outage but a bug: retrying would fail forever and hold up every
-                # later completion. Drop this batch and go on.
-                log.exception(
-                    "completing %d jobs failed unexpectedly; they stay running and rescue "
-                    "retries them",
-                    len(batch),
+                if not self._pending:
+                    if not flushes:
+                        self._idle.set()
+                        if self._closing:
+                            return
+                    self._wakeup.clear()
+                    await _first_of(self._wakeup.wait(), flushes)
+                    continue
+                if (
+                    len(self._pending) < self._batch_size
+                    and not (self._closing or self._urgent)
+                    and self._linger
+                ):
+                    await asyncio.sleep(self._linger)
+                self._urgent = False
+                batch = self._pending[: self._batch_size]
+                del self._pending[: len(batch)]
+                task = asyncio.create_task(self._flush_or_requeue(batch))
+                flushes.add(task)
+                task.add_done_callback(flushes.discard)
+        finally:
+            for task in list(flushes):
+                task.cancel()
+            if flushes:
+                await asyncio.gather(*flushes, return_exceptions=True)
+
+    def _overlaps(self, in_flight: int) -> bool:
+        """Whether the next batch may start beside the ``in_flight`` flushes."""
+        if in_flight >= MAX_FLUSHES or not self._pending or self._may_overlap is None:
+            return False
+        return self._may_overlap(self._pending[: self._batch_size])
+
+    async def _flush_or_requeue(self, batch: list[Pending]) -> None:
+        """Commit ``batch``; on a database error put it back at the head of the queue and
+        back off (the jobs stay in flight and keep their heartbeat)."""
+        try:
+            async with asyncio.timeout_at(self._deadline()):
+                done = await self._flush(batch)
+        except asyncio.CancelledError:
+            self._pending[:0] = batch
+            raise
+        except (DatabaseError, psycopg.Error, TimeoutError) as error:
+            self._pending[:0] = batch
+            if self._closing and time.monotonic() >= self._give_up_at:
+                log.warning(
+                    "shutting down: gave up completing %d jobs (%s); they stay running "
+                    "and rescue retries them",
+                    len(self._pending),
+                    one_line(error),
                 )
-                self._drop(len(batch))
-                continue
-            self._failures.succeeded()
-            delay = 0.05
-            del self._pending[: len(batch)]
-            self._report(done)
+                self._drop(len(self._pending))
+                return
+            self._failures.failed(error, then="retrying; the jobs keep their heartbeat")
+            await asyncio.sleep(min(self._delay, max(0.0, self._give_up_at - time.monotonic())))
+            self._delay = min(self._delay * 2, 5.0)
+            self._wakeup.set()
+            return
+        except Exception:
+            # Not an outage but a bug: retrying would fail forever and hold up every
+            # later completion. Drop this batch and go on.
+            log.exception(
+                "completing %d jobs failed unexpectedly; they stay running and rescue retries them",
+                len(batch),
+            )
+            self._report([Done(job, duration, None) for job, duration in batch])
+            return
+        self._failures.succeeded()
+        self._delay = 0.05
+        self._report(done)
 
     def _deadline(self) -> float | None:
         """When a flush in progress is abandoned: only while closing."""

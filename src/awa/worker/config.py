@@ -3,36 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
-import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from awa.core.arguments import check_rate_limit
+from awa.core.arguments import check_rate_limit, check_seconds
 from awa.errors import ValidationError
-from awa.model import INT_MAX, MAX_DURATION, check_name
+from awa.model import INT_MAX, check_name
 
 
 def _positive_seconds(value: object, field: str, *, allow_zero: bool = False) -> float:
-    if isinstance(value, dt.timedelta):
-        value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValidationError(
-            f"{field} must be a finite number of seconds, not {type(value).__name__}"
-        )
-    try:
-        seconds = float(value)
-    except OverflowError:  # an int beyond any float
-        seconds = math.inf
-    if not math.isfinite(seconds):
-        raise ValidationError(f"{field} must be a finite number of seconds, got {value!r}")
-    if seconds < 0 or (seconds == 0 and not allow_zero):
-        raise ValidationError(f"{field} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
-    if seconds > MAX_DURATION.total_seconds():
-        raise ValidationError(
-            f"{field} is {seconds:g} seconds; the limit is {MAX_DURATION.days} days (100 years)"
-        )
-    return seconds
+    """Seconds (a number or a timedelta), finite, above 0 (or at 0 when allowed), at most
+    100 years."""
+    return check_seconds(field, value, allow_zero=allow_zero)
 
 
 def _positive_int(value: object, field: str, *, low: int = 1) -> int:

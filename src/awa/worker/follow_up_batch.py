@@ -80,6 +80,13 @@ class _Plan:
     staged: list[PreparedJob]
 
 
+def has_follow_ups(finalizer: Finalizer, batch: list[Pending]) -> bool:
+    """Whether a job of the batch commits with follow-ups (so its flush plans them)."""
+    return any(
+        finalizer.needs_own_transaction(job, results.Completed(duration)) for job, duration in batch
+    )
+
+
 async def flush_with_follow_ups(
     finalizer: Finalizer, conn: psycopg.AsyncConnection[Any], batch: list[Pending]
 ) -> list[Done]:

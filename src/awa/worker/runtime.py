@@ -41,7 +41,7 @@ from awa.worker.executor import run_attempt
 from awa.worker.finalizer import (
     Finalizer,
 )
-from awa.worker.follow_up_batch import flush_with_follow_ups
+from awa.worker.follow_up_batch import flush_with_follow_ups, has_follow_ups
 from awa.worker.heartbeat import Heartbeat
 from awa.worker.lanes import LanePositions
 from awa.worker.listener import Listener
@@ -140,6 +140,7 @@ class Runtime(OutcomeCommits):
         self._completer = CompletionBatcher(
             host.connection,
             flush=functools.partial(flush_with_follow_ups, self._finalizer),
+            may_overlap=functools.partial(has_follow_ups, self._finalizer),
             batch_size=config.completion_batch_size,
             linger=config.completion_linger,
             on_done=self._completions_done,

@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 
+from awa.core.arguments import uuid_from
 from awa.errors import ValidationError
 from awa.model import DEPENDENCY_POLICIES, EnqueueRequest, JobRow, check_name, dependency_ids
 from awa.producer.dependencies import dependencies_flow
@@ -282,15 +283,11 @@ class WorkflowInfo:
 
 
 def workflow_id(value: uuid.UUID | str) -> uuid.UUID:
-    if isinstance(value, uuid.UUID):
-        return value
-    if not isinstance(value, str):
-        raise ValidationError(f"a workflow id is a UUID, not a {type(value).__name__}")
-    try:
-        return uuid.UUID(value)
-    except ValueError:
-        shown = repr(value) if len(value) <= 60 else f"{value[:40]!r}... ({len(value)} characters)"
-        raise ValidationError(f"a workflow id is a UUID, not {shown}") from None
+    return uuid_from(
+        value,
+        lambda type_name: ValidationError(f"a workflow id is a UUID, not a {type_name}"),
+        lambda _, shown: ValidationError(f"a workflow id is a UUID, not {shown}"),
+    )
 
 
 def _info(rows: list[dict[str, Any]]) -> list[WorkflowJob]:

@@ -14,19 +14,10 @@ VALUES (
 )
 RETURNING *
 
--- name: batch_preview_count
-SELECT count(*) AS count FROM awa.jobs
-WHERE state IN ('available', 'scheduled')
-  AND (%(state)s::awa.job_state IS NULL OR state = %(state)s::awa.job_state)
-  AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
-  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-  AND (%(tag)s::text IS NULL OR tags @> ARRAY[%(tag)s::text])
-  AND (%(ids)s::bigint[] IS NULL OR id = ANY (%(ids)s::bigint[]))
-  AND (%(created_at_gte)s::timestamptz IS NULL OR created_at >= %(created_at_gte)s::timestamptz)
-  AND (%(created_at_lt)s::timestamptz IS NULL OR created_at < %(created_at_lt)s::timestamptz)
-
--- name: batch_preview_sample
-SELECT * FROM awa.jobs
+-- name: batch_preview
+-- The first %(limit)s queued jobs the filter matches (by id), each carrying in `matched`
+-- how many it matches in all (the window counts before the limit); no row: none.
+SELECT *, count(*) OVER () AS matched FROM awa.jobs
 WHERE state IN ('available', 'scheduled')
   AND (%(state)s::awa.job_state IS NULL OR state = %(state)s::awa.job_state)
   AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
