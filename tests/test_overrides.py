@@ -278,9 +278,9 @@ def _gauge(queue: str, setting: str) -> tuple[float, bool] | None:
                     found = dict(point.attributes or {})
                     if (
                         found.get("awa.job.queue") == queue
-                        and found["awa.queue.setting"] == setting
+                        and found["awa.setting"] == setting
                     ):
-                        return float(point.value), bool(found["awa.queue.overridden"])
+                        return float(point.value), bool(found["awa.setting.overridden"])
     return None
 
 

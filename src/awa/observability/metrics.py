@@ -74,8 +74,8 @@ staged_follow_ups_discarded = _meter.create_counter(
 rescues = _meter.create_counter(
     "awa.maintenance.rescues", unit="{job}", description="Jobs rescued, by awa.rescue.kind"
 )
-SETTING = "awa.queue.setting"
-OVERRIDDEN = "awa.queue.overridden"
+SETTING = "awa.setting"
+OVERRIDDEN = "awa.setting.overridden"
 overrides_applied = _meter.create_counter(
     "awa.queue.overrides_applied",
     unit="{change}",
@@ -241,9 +241,9 @@ _meter.create_observable_gauge(
 _meter.create_observable_gauge(
     "awa.queue.setting",
     [_settings],
-    description="Settings this process runs each queue with now, by awa.queue.setting (rate, "
+    description="Settings this process runs each queue with now, by awa.setting (rate, "
     "burst, global_max_running, key_concurrency, claim_batch_size, poll_interval and "
-    "deadline_duration in seconds); awa.queue.overridden tells a live override's value",
+    "deadline_duration in seconds); awa.setting.overridden tells a live override's value",
 )
 _meter.create_observable_gauge(
     "awa.worker.leader",
