@@ -118,7 +118,7 @@ def test_a_change_is_announced_to_workers(
         ({"claim_batch_size": 1.5}, r"claim_batch_size must be an integer, not float"),
         ({"claim_batch_size": True}, r"claim_batch_size must be an integer, not bool"),
         ({"poll_interval": 0}, r"poll_interval must be > 0, got 0"),
-        ({"poll_interval": float("inf")}, r"poll_interval must be a finite number of seconds, got inf"),
+        ({"poll_interval": float("inf")}, r"poll_interval must be a finite number .* got inf"),
         ({"deadline_duration": -5}, r"deadline_duration must be >= 0, got -5"),
         ({"deadline_duration": 10**12}, r"deadline_duration is 1e\+12 seconds; the limit"),
         ({"paused": "yes"}, r"paused must be True or False, not str"),
@@ -276,10 +276,7 @@ def _gauge(queue: str, setting: str) -> tuple[float, bool] | None:
                     continue
                 for point in metric.data.data_points:
                     found = dict(point.attributes or {})
-                    if (
-                        found.get("awa.job.queue") == queue
-                        and found["awa.setting"] == setting
-                    ):
+                    if found.get("awa.job.queue") == queue and found["awa.setting"] == setting:
                         return float(point.value), bool(found["awa.setting.overridden"])
     return None
 

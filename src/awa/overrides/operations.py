@@ -15,7 +15,7 @@ import dataclasses
 import datetime as dt
 import json
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from awa.core.arguments import (
     check_flag,
@@ -29,6 +29,8 @@ from awa.errors import ValidationError
 from awa.model import INT_MAX, MappingAccess, check_int_range, check_name, short_repr
 from awa.sql import query
 from awa.storage.db import Statement, operation
+
+R = TypeVar("R")
 
 
 def _count(field: str, value: object) -> int:
@@ -184,18 +186,20 @@ def clear_queue_overrides(
     return _change(check_name("queue", queue), "clear", {}, names, _by(changed_by))
 
 
+def _rows(name: str, row: Callable[..., R], queue: str | None, limit: int) -> Statement[list[R]]:
+    params = {
+        "queue": optional_name("queue", queue),
+        "limit": check_limit("limit", limit, MAX_ROWS),
+    }
+    return Statement(query(name), params, lambda rows: [row(**found) for found in rows])
+
+
 @operation
 def list_queue_overrides(
     queue: str | None = None, *, limit: int = MAX_ROWS
 ) -> Statement[list[QueueOverrides]]:
     """The overridden or paused queues (or only ``queue``), by name, at most ``limit``."""
-    params = {
-        "queue": optional_name("queue", queue),
-        "limit": check_limit("limit", limit, MAX_ROWS),
-    }
-    return Statement(
-        query("overrides_list"), params, lambda rows: [QueueOverrides(**row) for row in rows]
-    )
+    return _rows("overrides_list", QueueOverrides, queue, limit)
 
 
 @operation
@@ -203,10 +207,4 @@ def queue_override_log(
     queue: str | None = None, *, limit: int = DEFAULT_LOG_ROWS
 ) -> Statement[list[OverrideChange]]:
     """The latest changes of overrides (of ``queue``, or of all queues), newest first."""
-    params = {
-        "queue": optional_name("queue", queue),
-        "limit": check_limit("limit", limit, MAX_ROWS),
-    }
-    return Statement(
-        query("overrides_log"), params, lambda rows: [OverrideChange(**row) for row in rows]
-    )
+    return _rows("overrides_log", OverrideChange, queue, limit)
