@@ -79,6 +79,41 @@ ADMIN_ROWS: list[Row] = [
         lambda c, v: admin.pause_queue(c, "q", paused_by=v),
     ),
     row("queue_known.queue", "queue", NAMES, lambda c, v: admin.queue_known(c, v)),
+    row(
+        "set_queue_overrides.queue",
+        "queue",
+        NAMES,
+        lambda c, v: admin.set_queue_overrides(c, v, poll_interval=1),
+    ),
+    row(
+        "set_queue_overrides.changed_by",
+        "changed_by",
+        TEXT,
+        lambda c, v: admin.set_queue_overrides(c, "q", poll_interval=1, changed_by=v),
+    ),
+    row("clear_queue_overrides.queue", "queue", NAMES, admin.clear_queue_overrides),
+    row(
+        "clear_queue_overrides.changed_by",
+        "changed_by",
+        TEXT,
+        lambda c, v: admin.clear_queue_overrides(c, "q", changed_by=v),
+    ),
+    row(
+        "list_queue_overrides.queue", "queue", NAMES, lambda c, v: admin.list_queue_overrides(c, v)
+    ),
+    row(
+        "list_queue_overrides.limit",
+        "limit",
+        LIMITS,
+        lambda c, v: admin.list_queue_overrides(c, limit=v),
+    ),
+    row("queue_override_log.queue", "queue", NAMES, lambda c, v: admin.queue_override_log(c, v)),
+    row(
+        "queue_override_log.limit",
+        "limit",
+        LIMITS,
+        lambda c, v: admin.queue_override_log(c, limit=v),
+    ),
     row("resume_queue.queue", "queue", NAMES, lambda c, v: admin.resume_queue(c, v)),
     row("drain_queue.queue", "queue", NAMES, lambda c, v: admin.drain_queue(c, v)),
     row("get_dlq_job", "job id", IDS, lambda c, v: admin.get_dlq_job(c, v)),
@@ -295,6 +330,7 @@ CHECKED = {
     "run_lease": "",
     "timeout_seconds": "",
     "submitted_by": "",
+    "changed_by": "",
 }
 # Functions outside these tables: periodic schedules (awa.periodic.operations) have their own
 # checks.
