@@ -281,6 +281,14 @@ def _gauge(queue: str, setting: str) -> tuple[float, bool] | None:
     return None
 
 
+async def _stored_limits(client: awa.AsyncClient) -> tuple[Any, ...] | None:
+    async with client.connection() as conn:
+        cursor = await conn.execute(
+            "SELECT rate, burst FROM awa.queue_limits WHERE queue = 'ticks'"
+        )
+        return await cursor.fetchone()
+
+
 async def _until(predicate: Any, timeout: float, message: str) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -316,6 +324,7 @@ async def test_a_worker_applies_overrides_at_start_on_notice_and_after_clear(
     assert time.monotonic() - changed < 3
     assert dispatcher.config.poll_interval == 0.2
     assert _gauge("ticks", "rate") == (4.0, True)
+    assert await _stored_limits(client) == (4.0, 1)  # what awa queue stats shows
     began = time.monotonic()
     await client.insert_many([Tick(n) for n in range(12)], queue="ticks")
     await _until(lambda: len(started) >= 6, 10, "the rate-limited jobs did not start")
@@ -328,6 +337,7 @@ async def test_a_worker_applies_overrides_at_start_on_notice_and_after_clear(
     assert dispatcher.config.deadline_duration == 60
     assert _gauge("ticks", "claim_batch_size") == (256.0, False)
     assert _gauge("ticks", "rate") is None
+    assert await _stored_limits(client) is None
     assert counter_value("awa.queue.overrides_applied", **{"awa.job.queue": "ticks"}) == applied + 3
     await client.close()
 

@@ -26,6 +26,7 @@ from awa.overrides.operations import applicable
 from awa.sql import query
 from awa.storage.db import translate_errors
 from awa.worker.config import QueueConfig
+from awa.worker.limits import store_limits
 
 log = logging.getLogger("awa.worker")
 
@@ -76,17 +77,12 @@ class OverrideWatcher:
         with translate_errors():
             async with self._connect() as conn:
                 cursor = await conn.execute(query("overrides_for_worker"), {"queues": names})
-                rows = await cursor.fetchall()
-        stored = {row[0]: row[1] for row in rows}
-        for name, configured in self._configured.items():
-            raw = stored.get(name, {})
-            if raw == self._applied.get(name, {}):
-                continue
-            try:
-                config = effective(configured, applicable(raw))
-            except ValidationError as error:
-                log.warning("queue %s: ignoring its stored overrides %r: %s", name, raw, error)
-                continue
+                stored = {row[0]: row[1] for row in await cursor.fetchall()}
+                changed = self._changed(stored)
+                # The limits operators see (awa queue stats) follow the override.
+                await store_limits(conn, [config for config, _ in changed], warn=False)
+        for config, raw in changed:
+            name = config.name
             self._apply(config)
             if raw:
                 self._applied[name] = raw
@@ -95,6 +91,20 @@ class OverrideWatcher:
                 self._applied.pop(name, None)
                 log.info("queue %s: overrides cleared, back to its configured settings", name)
             metrics.overrides_applied.add(1, {metrics.QUEUE: name})
+
+    def _changed(self, stored: Mapping[str, Any]) -> list[tuple[QueueConfig, dict[str, Any]]]:
+        """The queues whose stored overrides differ from those applied: their effective
+        settings, and the stored overrides."""
+        changed = []
+        for name, configured in self._configured.items():
+            raw = stored.get(name, {})
+            if raw == self._applied.get(name, {}):
+                continue
+            try:
+                changed.append((effective(configured, applicable(raw)), raw))
+            except ValidationError as error:
+                log.warning("queue %s: ignoring its stored overrides %r: %s", name, raw, error)
+        return changed
 
     async def run(self) -> None:
         """Refresh on each notification and every interval (after a first ``refresh()``),
