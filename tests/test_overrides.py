@@ -16,6 +16,8 @@ import pytest
 
 import awa
 from awa.ui import create_app
+from awa.worker.config import QueueConfig
+from awa.worker.dispatcher import QueueDispatcher
 from helpers_lifecycle import counter_value, metric_reader
 from helpers_ui import browse, csrf, flash, post, text
 from jobs_helpers import Conn, listening, notifications_so_far, payloads
@@ -361,3 +363,20 @@ async def test_stored_values_a_worker_cannot_use_are_ignored(
     assert runtime._dispatchers["other"].config == runtime.queues[1]
     assert "queue ticks: ignoring its stored overrides" in caplog.text
     await client.close()
+
+
+async def test_a_cap_removed_and_set_again_does_not_wait_for_forgotten_commits() -> None:
+    async def never(*args: Any) -> Any:
+        raise AssertionError("not started")
+
+    capped = QueueConfig("api", max_workers=8, global_max_running=4)
+    dispatcher = QueueDispatcher(capped, claim=never, execute=never, backlogged=lambda: False)
+    for _ in range(3):
+        dispatcher.awaiting_commit()  # finished handlers whose completions are in a batch
+    assert dispatcher._claim_size() == 0  # more than half the cap waits for its commit
+    dispatcher.reconfigure(dataclasses.replace(capped, global_max_running=None))
+    assert dispatcher._claim_size() == 8
+    # Nothing reports those commits while no limit counts them: a cap set again later
+    # starts from what runs, not from them.
+    dispatcher.reconfigure(capped)
+    assert dispatcher._claim_size() == 8

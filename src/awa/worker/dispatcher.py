@@ -97,6 +97,11 @@ class QueueDispatcher:
         self._counts_until_commit = (
             config.global_max_running is not None or config.key_concurrency is not None
         )
+        if not self._counts_until_commit:
+            # Nothing tells this dispatcher of commits any more (a live override removed the
+            # limits): forget the completions it was waiting for, or a cap set again later
+            # would wait for them for ever.
+            self._uncommitted = 0
         self._slot_free_claims = config.global_max_running is None
         self._half_cap = (
             config.global_max_running // 2 if config.global_max_running is not None else None
