@@ -167,6 +167,7 @@ def test_clear_refuses_unknown_settings(sync_client: awa.Client) -> None:
 
 
 def test_the_command_line(sync_client: awa.Client, database_url: str) -> None:
+    assert "override their settings live" in ok("--help").stdout
     assert "overrides" in ok("queue", "--help").stdout
     assert "set" in ok("queue", "overrides", "--help").stdout
     set_ = ok(
