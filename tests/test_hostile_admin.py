@@ -43,6 +43,15 @@ class Note:
     text: str = "x"
 
 
+def _listing_rows(name: str) -> list[Row]:
+    """The rows of a listing of awa.admin that takes a ``queue`` and a ``limit``."""
+    listing = getattr(admin, name)
+    return [
+        row(f"{name}.queue", "queue", NAMES, lambda c, v: listing(c, v)),
+        row(f"{name}.limit", "limit", LIMITS, lambda c, v: listing(c, limit=v)),
+    ]
+
+
 ADMIN_ROWS: list[Row] = [
     row("get_job", "job id", IDS, lambda c, v: admin.get_job(c, v)),
     row("cancel", "job id", IDS, lambda c, v: admin.cancel(c, v)),
@@ -98,22 +107,8 @@ ADMIN_ROWS: list[Row] = [
         TEXT,
         lambda c, v: admin.clear_queue_overrides(c, "q", changed_by=v),
     ),
-    row(
-        "list_queue_overrides.queue", "queue", NAMES, lambda c, v: admin.list_queue_overrides(c, v)
-    ),
-    row(
-        "list_queue_overrides.limit",
-        "limit",
-        LIMITS,
-        lambda c, v: admin.list_queue_overrides(c, limit=v),
-    ),
-    row("queue_override_log.queue", "queue", NAMES, lambda c, v: admin.queue_override_log(c, v)),
-    row(
-        "queue_override_log.limit",
-        "limit",
-        LIMITS,
-        lambda c, v: admin.queue_override_log(c, limit=v),
-    ),
+    *_listing_rows("list_queue_overrides"),
+    *_listing_rows("queue_override_log"),
     row("resume_queue.queue", "queue", NAMES, lambda c, v: admin.resume_queue(c, v)),
     row("drain_queue.queue", "queue", NAMES, lambda c, v: admin.drain_queue(c, v)),
     row("get_dlq_job", "job id", IDS, lambda c, v: admin.get_dlq_job(c, v)),
