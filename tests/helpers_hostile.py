@@ -148,6 +148,8 @@ TABLES = (
     "awa.queue_descriptors",
     "awa.job_kind_descriptors",
     "awa.runtimes",
+    "awa.queue_overrides",
+    "awa.queue_override_log",
 )
 
 

@@ -43,6 +43,15 @@ class Note:
     text: str = "x"
 
 
+def _listing_rows(name: str) -> list[Row]:
+    """The rows of a listing of awa.admin that takes a ``queue`` and a ``limit``."""
+    listing = getattr(admin, name)
+    return [
+        row(f"{name}.queue", "queue", NAMES, lambda c, v: listing(c, v)),
+        row(f"{name}.limit", "limit", LIMITS, lambda c, v: listing(c, limit=v)),
+    ]
+
+
 ADMIN_ROWS: list[Row] = [
     row("get_job", "job id", IDS, lambda c, v: admin.get_job(c, v)),
     row("cancel", "job id", IDS, lambda c, v: admin.cancel(c, v)),
@@ -79,6 +88,27 @@ ADMIN_ROWS: list[Row] = [
         lambda c, v: admin.pause_queue(c, "q", paused_by=v),
     ),
     row("queue_known.queue", "queue", NAMES, lambda c, v: admin.queue_known(c, v)),
+    row(
+        "set_queue_overrides.queue",
+        "queue",
+        NAMES,
+        lambda c, v: admin.set_queue_overrides(c, v, poll_interval=1),
+    ),
+    row(
+        "set_queue_overrides.changed_by",
+        "changed_by",
+        TEXT,
+        lambda c, v: admin.set_queue_overrides(c, "q", poll_interval=1, changed_by=v),
+    ),
+    row("clear_queue_overrides.queue", "queue", NAMES, admin.clear_queue_overrides),
+    row(
+        "clear_queue_overrides.changed_by",
+        "changed_by",
+        TEXT,
+        lambda c, v: admin.clear_queue_overrides(c, "q", changed_by=v),
+    ),
+    *_listing_rows("list_queue_overrides"),
+    *_listing_rows("queue_override_log"),
     row("resume_queue.queue", "queue", NAMES, lambda c, v: admin.resume_queue(c, v)),
     row("drain_queue.queue", "queue", NAMES, lambda c, v: admin.drain_queue(c, v)),
     row("get_dlq_job", "job id", IDS, lambda c, v: admin.get_dlq_job(c, v)),
@@ -295,6 +325,7 @@ CHECKED = {
     "run_lease": "",
     "timeout_seconds": "",
     "submitted_by": "",
+    "changed_by": "",
 }
 # Functions outside these tables: periodic schedules (awa.periodic.operations) have their own
 # checks.

@@ -6,7 +6,7 @@ Jobs are rows in Postgres, inserted inside your own transaction and run by async
 import sys
 
 from awa import admin, bridge, callback_contract
-from awa.admin import CronJob, HeldBack, QueueLimits, QueueStats
+from awa.admin import CronJob, HeldBack, OverrideChange, QueueLimits, QueueOverrides, QueueStats
 from awa.batch.operations import (
     BatchOperation,
     BatchOperationFilter,
@@ -110,10 +110,12 @@ __all__ = [
     "JobKindDescriptor",
     "JobRow",
     "JobState",
+    "OverrideChange",
     "PartitionedQueue",
     "QueueConfig",
     "QueueDescriptor",
     "QueueLimits",
+    "QueueOverrides",
     "QueueStat",
     "QueueStats",
     "RescueReason",

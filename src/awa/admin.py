@@ -63,6 +63,14 @@ from awa.model import (
     parse_state,
 )
 from awa.observability.queue_stats import HeldBack, QueueLimits, QueueStats, queue_stats
+from awa.overrides.operations import (
+    OverrideChange,
+    QueueOverrides,
+    clear_queue_overrides,
+    list_queue_overrides,
+    queue_override_log,
+    set_queue_overrides,
+)
 from awa.periodic.operations import (
     CronJob,
     delete_cron_job,
@@ -81,8 +89,10 @@ __all__ = [
     "DlqEntry",
     "HeldBack",
     "JobKindDescriptor",
+    "OverrideChange",
     "QueueDescriptor",
     "QueueLimits",
+    "QueueOverrides",
     "QueueStats",
     "RetryFailedResult",
     "bulk_move_failed_to_dlq",
@@ -90,6 +100,7 @@ __all__ = [
     "cancel",
     "cancel_batch_operation",
     "cancel_by_unique_key",
+    "clear_queue_overrides",
     "complete_external",
     "delete_cron_job",
     "discard",
@@ -109,6 +120,7 @@ __all__ = [
     "list_job_kind_descriptors",
     "list_jobs",
     "list_queue_descriptors",
+    "list_queue_overrides",
     "move_failed_to_dlq",
     "pause_cron_job",
     "pause_queue",
@@ -117,6 +129,7 @@ __all__ = [
     "purge_dlq",
     "purge_dlq_job",
     "queue_known",
+    "queue_override_log",
     "queue_stats",
     "resolve_callback",
     "resume_cron_job",
@@ -127,6 +140,7 @@ __all__ = [
     "retry_failed",
     "retry_from_dlq",
     "run_now",
+    "set_queue_overrides",
     "submit_batch_operation",
     "trigger_cron_job",
 ]

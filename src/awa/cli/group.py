@@ -498,7 +498,7 @@ class AwaGroup(click.Group):
 @click.pass_context
 def main(ctx: click.Context, database_url: str | None) -> None:
     """Operate awa, the Postgres-native job queue: apply the schema, inspect, cancel and
-    retry jobs, pause and drain queues.
+    retry jobs, pause and drain queues, override their settings live.
 
     Put global options before the command: awa --database-url URL job list.
     Commands that print data take --json for scripts.

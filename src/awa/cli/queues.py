@@ -1,4 +1,5 @@
-"""``awa queue``: queue depth; pause, resume and drain queues; their descriptors."""
+"""``awa queue``: queue depth; pause, resume and drain queues; their descriptors; live
+overrides of their settings."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from awa.model import JobState
 
 @cli.main.group()
 def queue() -> None:
-    """Show queue depth; pause, resume and drain queues."""
+    """Show queue depth; pause, resume and drain queues; override their settings live."""
 
 
 _STATS_STATES = [JobState.AVAILABLE, JobState.RUNNING, JobState.SCHEDULED, JobState.RETRYABLE]
@@ -138,3 +139,156 @@ def queue_descriptors(client: awa.Client, name: str | None, as_json: bool) -> No
     rows = client.list_queue_descriptors(queue=name)
     empty = "no queue descriptors yet (workers store them when they start)"
     cli.print_descriptors(rows, as_json, empty, ["QUEUE"], lambda row: [row.queue])
+
+
+@queue.group("overrides")
+def overrides() -> None:
+    """Change a running fleet's settings of a queue without a restart (live overrides).
+
+    Every worker running the queue applies them within seconds; clearing returns it to the
+    settings it was started with. Each change is logged with who made it.
+    """
+
+
+def _rate_limit_text(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> tuple[float, int] | None:
+    if value is None:
+        return None
+    rate, _, burst = value.partition("/")
+    try:
+        return float(rate), int(burst) if burst else 0
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r} is not RATE or RATE/BURST (jobs per second, an integer burst)"
+        ) from None
+
+
+def _describe_settings(settings: dict[str, object]) -> str:
+    parts = []
+    for name, value in settings.items():
+        if name == "rate_limit" and isinstance(value, list):
+            value = f"{value[0]:g}/s burst {value[1]}"
+        parts.append(f"{name}={value}")
+    return ", ".join(parts) or "-"
+
+
+@overrides.command("set")
+@click.argument("name", metavar="QUEUE", type=cli.QUEUE)
+@click.option(
+    "--rate-limit",
+    metavar="RATE[/BURST]",
+    callback=_rate_limit_text,
+    help="Jobs started per second (burst: at once).",
+)
+@click.option("--global-max-running", type=int, metavar="N", help="Cap on running jobs.")
+@click.option("--key-concurrency", type=int, metavar="N", help="Running jobs per concurrency key.")
+@click.option("--claim-batch-size", type=int, metavar="N", help="Jobs one claim takes at most.")
+@click.option("--poll-interval", type=float, metavar="SECONDS", help="Fallback poll.")
+@click.option("--deadline", type=float, metavar="SECONDS", help="Attempt deadline (0: none).")
+@click.option("--paused/--resumed", default=None, help="Pause the queue, or resume it.")
+@click.option("--by", "changed_by", type=cli.TEXT, help="Who changes it (default: your user name).")
+@cli.json_client
+def set_overrides(
+    client: awa.Client,
+    name: str,
+    rate_limit: tuple[float, int] | None,
+    global_max_running: int | None,
+    key_concurrency: int | None,
+    claim_batch_size: int | None,
+    poll_interval: float | None,
+    deadline: float | None,
+    paused: bool | None,
+    changed_by: str | None,
+    as_json: bool,
+) -> None:
+    """Override settings of QUEUE; the ones not given keep their current override."""
+    given = {
+        "rate_limit": rate_limit,
+        "global_max_running": global_max_running,
+        "key_concurrency": key_concurrency,
+        "claim_batch_size": claim_batch_size,
+        "poll_interval": poll_interval,
+        "deadline_duration": deadline,
+        "paused": paused,
+    }
+    settings = {key: value for key, value in given.items() if value is not None}
+    if not settings:
+        raise click.UsageError("give at least one setting to override (see --help)")
+    result = client.set_queue_overrides(name, settings, changed_by=changed_by or cli.current_user())
+    _report_overrides(as_json, result)
+
+
+@overrides.command("clear")
+@click.argument("name", metavar="QUEUE", type=cli.QUEUE)
+@click.argument("settings", metavar="[SETTING]...", nargs=-1)
+@click.option("--by", "changed_by", type=cli.TEXT, help="Who changes it (default: your user name).")
+@cli.json_client
+def clear_overrides(
+    client: awa.Client, name: str, settings: tuple[str, ...], changed_by: str | None, as_json: bool
+) -> None:
+    """Clear overridden settings of QUEUE (by name: rate_limit, global_max_running,
+    key_concurrency, claim_batch_size, poll_interval, deadline_duration, paused; none: all
+    of them), returning its workers to their configured settings. Clearing paused resumes
+    the queue."""
+    result = client.clear_queue_overrides(
+        name, list(settings) or None, changed_by=changed_by or cli.current_user()
+    )
+    _report_overrides(as_json, result)
+
+
+def _report_overrides(as_json: bool, result: awa.QueueOverrides) -> None:
+    paused = ", paused" if result.paused else ""
+    cli.report(
+        as_json,
+        result,
+        f"queue {result.queue}: overrides {_describe_settings(result.settings)}{paused}",
+    )
+
+
+@overrides.command("show")
+@click.argument("name", metavar="[QUEUE]", type=cli.QUEUE, required=False)
+@cli.json_client
+def show_overrides(client: awa.Client, name: str | None, as_json: bool) -> None:
+    """The overridden (or paused) queues: their settings, and who changed them when."""
+    rows = client.list_queue_overrides(name)
+    if cli.json_or_empty(as_json, rows, "no queue overrides"):
+        return
+    cli.print_table(
+        ["QUEUE", "OVERRIDES", "PAUSED", "CHANGED", "BY"],
+        [
+            [
+                row.queue,
+                _describe_settings(row.settings),
+                "yes" if row.paused else "no",
+                cli.format_time(row.updated_at),
+                row.updated_by,
+            ]
+            for row in rows
+        ],
+    )
+
+
+@overrides.command("log")
+@click.argument("name", metavar="[QUEUE]", type=cli.QUEUE, required=False)
+@cli.limit_option("changes")
+@cli.json_client
+def override_log(client: awa.Client, name: str | None, limit: int, as_json: bool) -> None:
+    """The latest changes of overrides, newest first: who, when, before and after."""
+    rows = client.queue_override_log(name, limit=limit)
+    if cli.json_or_empty(as_json, rows, "no changes of queue overrides yet"):
+        return
+    cli.print_table(
+        ["WHEN", "QUEUE", "BY", "ACTION", "BEFORE", "AFTER"],
+        [
+            [
+                cli.format_time(row.changed_at),
+                row.queue,
+                row.changed_by,
+                row.action,
+                _describe_settings(row.old),
+                _describe_settings(row.new),
+            ]
+            for row in rows
+        ],
+    )

@@ -165,6 +165,11 @@ class OperatorMethods:
     resume_queue = operation_method(admin.resume_queue)
     drain_queue = operation_method(admin.drain_queue)
     queue_stats = operation_method(admin.queue_stats)
+    # Live queue overrides.
+    set_queue_overrides = operation_method(admin.set_queue_overrides)
+    clear_queue_overrides = operation_method(admin.clear_queue_overrides)
+    list_queue_overrides = operation_method(admin.list_queue_overrides)
+    queue_override_log = operation_method(admin.queue_override_log)
     # Periodic jobs (the reference's "cron" names).
     list_cron_jobs = operation_method(periodic.list_cron_jobs)
     pause_cron_job = operation_method(periodic.pause_cron_job)

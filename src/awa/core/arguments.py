@@ -4,6 +4,7 @@ ValidationError naming the argument and its limit, before anything reaches the d
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, cast
@@ -11,6 +12,7 @@ from typing import Any, cast
 from awa.errors import ValidationError
 from awa.model import (
     BIGINT_MAX,
+    INT_MAX,
     MAX_DURATION,
     MAX_IDS,
     MAX_LIST_LIMIT,
@@ -118,3 +120,36 @@ def uuid_from(
     except ValueError as error:
         shown = repr(value) if len(value) <= 60 else f"{value[:40]!r}... ({len(value)} characters)"
         raise not_uuid(error, shown) from None
+
+
+# Bounds of a rate limit, in jobs per second: beyond them the bucket's arithmetic (and the
+# wait it computes, 1/rate) stops meaning anything. The low end is about one job in 11 days.
+MIN_RATE = 1e-6
+MAX_RATE = float(INT_MAX)
+
+
+def check_rate_limit(where: str, value: object) -> tuple[float, int]:
+    """A rate limit given as ``(rate, burst)``, a bare rate, or a list (from TOML or JSON),
+    as ``(rate, burst)``; a burst of 0 means ``max(ceil(rate), 1)``."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        value = (value, 0)
+    if not (isinstance(value, tuple | list) and len(value) == 2):
+        raise ValidationError(
+            f"{where} must be a (jobs per second, burst) pair or a number, got {short_repr(value)}"
+        )
+    rate, burst = value
+    if (
+        isinstance(rate, bool)
+        or not isinstance(rate, int | float)
+        or not MIN_RATE <= rate <= MAX_RATE  # False for NaN
+    ):
+        raise ValidationError(
+            f"{where}: the rate must be a number of jobs per second from {MIN_RATE:g} to "
+            f"{MAX_RATE:.0f}, got {short_repr(rate)}"
+        )
+    if isinstance(burst, bool) or not isinstance(burst, int) or not 0 <= burst <= INT_MAX:
+        raise ValidationError(
+            f"{where}: the burst must be an integer from 0 (0: the rate) to {INT_MAX}, "
+            f"got {short_repr(burst)}"
+        )
+    return float(rate), burst or max(math.ceil(rate), 1)

@@ -74,6 +74,14 @@ staged_follow_ups_discarded = _meter.create_counter(
 rescues = _meter.create_counter(
     "awa.maintenance.rescues", unit="{job}", description="Jobs rescued, by awa.rescue.kind"
 )
+SETTING = "awa.setting"
+OVERRIDDEN = "awa.setting.overridden"
+overrides_applied = _meter.create_counter(
+    "awa.queue.overrides_applied",
+    unit="{change}",
+    description="Changes of a queue's live overrides this process applied (set or cleared)",
+)
+
 CRON_SCHEDULE = "awa.cron.schedule"
 cron_schedule_errors = _meter.create_counter(
     "awa.cron.schedule_errors",
@@ -109,6 +117,8 @@ class RuntimeSource(Protocol):
     def is_leader(self) -> bool: ...
 
     def stats(self) -> dict[str, dict[str, int]]: ...
+
+    def settings(self) -> dict[str, list[tuple[str, float, bool]]]: ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -174,6 +184,15 @@ def _slots(options: CallbackOptions) -> Iterable[Observation]:
     return [Observation(n, {QUEUE: queue}) for queue, n in totals.items()]
 
 
+def _settings(options: CallbackOptions) -> Iterable[Observation]:
+    return [
+        Observation(value, {QUEUE: queue, SETTING: name, OVERRIDDEN: overridden})
+        for runtime in list(sources.runtimes)
+        for queue, settings in runtime.settings().items()
+        for name, value, overridden in settings
+    ]
+
+
 def _leader(options: CallbackOptions) -> Iterable[Observation]:
     runtimes = list(sources.runtimes)
     if not runtimes:
@@ -218,6 +237,13 @@ _meter.create_observable_gauge(
     [_slots],
     unit="{slot}",
     description="Handler slots of this process, by queue",
+)
+_meter.create_observable_gauge(
+    "awa.queue.setting",
+    [_settings],
+    description="Settings this process runs each queue with now, by awa.setting (rate, "
+    "burst, global_max_running, key_concurrency, claim_batch_size, poll_interval and "
+    "deadline_duration in seconds); awa.setting.overridden tells a live override's value",
 )
 _meter.create_observable_gauge(
     "awa.worker.leader",

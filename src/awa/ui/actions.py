@@ -204,6 +204,67 @@ async def resume_queue(request: Request, form: FormData) -> Response:
     return await _on_name(request, form, "resume", "queue", admin.resume_queue, say, "overview")
 
 
+def _override_number(form: FormData, field: str, parse: Callable[[str], Any]) -> Any:
+    text = form.get(field)
+    if not isinstance(text, str) or not text.strip():
+        return None
+    try:
+        return parse(text.strip())
+    except ValueError:
+        kind = "an integer" if parse is int else "a number"
+        raise ValidationError(f"{field} must be {kind}, got {shown(text)}") from None
+
+
+def _override_settings(form: FormData) -> dict[str, Any]:
+    """The settings an override form gives (its empty fields leave theirs as they are)."""
+    given: dict[str, Any] = {
+        name: _override_number(form, name, parse)
+        for name, parse in (
+            ("global_max_running", int),
+            ("key_concurrency", int),
+            ("claim_batch_size", int),
+            ("poll_interval", float),
+            ("deadline_duration", float),
+        )
+    }
+    rate = _override_number(form, "rate", float)
+    burst = _override_number(form, "burst", int)
+    if burst is not None and rate is None:
+        raise ValidationError("rate_limit: give a rate with the burst")
+    given["rate_limit"] = None if rate is None else (rate, burst or 0)
+    paused = form.get("paused")
+    if paused not in (None, "", "true", "false"):
+        raise BadRequest(f"paused must be true, false or empty, not {shown(paused)}")
+    given["paused"] = {"true": True, "false": False}.get(str(paused))
+    return {name: value for name, value in given.items() if value is not None}
+
+
+def _changed_by(form: FormData) -> str:
+    by = form.get("by")
+    return by if isinstance(by, str) and by.strip() else "awa ui"
+
+
+async def set_overrides(request: Request, form: FormData) -> Response:
+    async def apply(conn: psycopg.AsyncConnection[Any], queue: str) -> admin.QueueOverrides:
+        settings = _override_settings(form)
+        return await admin.set_queue_overrides(conn, queue, settings, changed_by=_changed_by(form))
+
+    def say(queue: str, result: admin.QueueOverrides) -> str:
+        return f"Queue {queue} overridden; its workers apply it within seconds."
+
+    return await _on_name(request, form, "set", "queue", apply, say, "overrides")
+
+
+async def clear_overrides(request: Request, form: FormData) -> Response:
+    async def clear(conn: psycopg.AsyncConnection[Any], queue: str) -> admin.QueueOverrides:
+        return await admin.clear_queue_overrides(conn, queue, changed_by=_changed_by(form))
+
+    def say(queue: str, _: admin.QueueOverrides) -> str:
+        return f"Queue {queue}: overrides cleared; its workers return to their own settings."
+
+    return await _on_name(request, form, "clear", "queue", clear, say, "overrides")
+
+
 async def trigger_schedule(request: Request, form: FormData) -> Response:
     def say(name: str, row: Any) -> str:
         return f"Schedule {name} fired: job {row.id}." if row else f"No schedule named {name}."
@@ -235,6 +296,8 @@ def routes() -> list[Route]:
         Route("/workflows/cancel", _guarded(cancel_workflow), methods=post, name="workflow_cancel"),
         Route("/queues/pause", _guarded(pause_queue), methods=post, name="queue_pause"),
         Route("/queues/resume", _guarded(resume_queue), methods=post, name="queue_resume"),
+        Route("/overrides/set", _guarded(set_overrides), methods=post, name="overrides_set"),
+        Route("/overrides/clear", _guarded(clear_overrides), methods=post, name="overrides_clear"),
         Route(
             "/schedules/trigger", _guarded(trigger_schedule), methods=post, name="schedule_trigger"
         ),

@@ -140,6 +140,19 @@ async def schedules(request: Request) -> Response:
     return ui.render(request, "schedules.html", {"schedules": rows, "page": "schedules"})
 
 
+CHANGES_SHOWN = 50
+"""Changes of queue overrides the overrides page lists, newest first."""
+
+
+async def overrides(request: Request) -> Response:
+    ui = ui_of(request)
+    async with ui.connection() as conn:
+        rows = await admin.list_queue_overrides(conn)
+        changes = await admin.queue_override_log(conn, limit=CHANGES_SHOWN)
+    context = {"overrides": rows, "changes": changes, "page": "overrides"}
+    return ui.render(request, "overrides.html", context)
+
+
 async def failed(request: Request) -> Response:
     ui = ui_of(request)
     async with ui.connection() as conn:
@@ -194,5 +207,6 @@ def routes() -> list[Route]:
         Route("/workflows/{workflow_id}", workflow, name="workflow"),
         Route("/callbacks", callbacks, name="callbacks"),
         Route("/schedules", schedules, name="schedules"),
+        Route("/overrides", overrides, name="overrides"),
         Route("/failed", failed, name="failed"),
     ]

@@ -3,18 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from awa.core.arguments import check_seconds
+from awa.core.arguments import check_rate_limit, check_seconds
 from awa.errors import ValidationError
 from awa.model import INT_MAX, check_name
-
-# Bounds of a rate limit, in jobs per second: beyond them the bucket's arithmetic (and the
-# wait it computes, 1/rate) stops meaning anything. The low end is about one job in 11 days.
-MIN_RATE = 1e-6
-MAX_RATE = float(INT_MAX)
 
 
 def _positive_seconds(value: object, field: str, *, allow_zero: bool = False) -> float:
@@ -108,7 +102,11 @@ class QueueConfig:
                 object.__setattr__(self, field, seconds)
         _positive_int(self.max_workers, f"queue {self.name!r}: max_workers")
         if self.rate_limit is not None:
-            object.__setattr__(self, "rate_limit", _rate_limit(self.rate_limit, self.name))
+            object.__setattr__(
+                self,
+                "rate_limit",
+                check_rate_limit(f"queue {self.name!r}: rate_limit", self.rate_limit),
+            )
         for field in ("global_max_running", "key_concurrency"):
             value = getattr(self, field)
             if value is not None:
@@ -160,33 +158,6 @@ class QueueConfig:
     @property
     def weighted(self) -> bool:
         return self.min_workers is not None
-
-
-def _rate_limit(value: object, queue: str) -> tuple[float, int]:
-    """``(rate, burst)``, a bare rate, or a list from a TOML file, as ``(rate, burst)``."""
-    where = f"queue {queue!r}: rate_limit"
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        value = (value, 0)
-    if not (isinstance(value, tuple | list) and len(value) == 2):
-        raise ValidationError(
-            f"{where} must be a (jobs per second, burst) pair or a number, got {value!r}"
-        )
-    rate, burst = value
-    if (
-        isinstance(rate, bool)
-        or not isinstance(rate, int | float)
-        or not MIN_RATE <= rate <= MAX_RATE  # False for NaN
-    ):
-        raise ValidationError(
-            f"{where}: the rate must be a number of jobs per second from {MIN_RATE:g} to "
-            f"{MAX_RATE:.0f}, got {rate!r}"
-        )
-    if isinstance(burst, bool) or not isinstance(burst, int) or not 0 <= burst <= INT_MAX:
-        raise ValidationError(
-            f"{where}: the burst must be an integer from 0 (0: the rate) to {INT_MAX}, "
-            f"got {burst!r}"
-        )
-    return float(rate), burst or max(math.ceil(rate), 1)
 
 
 _QUEUE_KEYS = frozenset(
@@ -333,6 +304,10 @@ class RuntimeConfig:
     # Seconds between the leader's counts of each queue's jobs for the queue gauges (longer
     # on a large backlog: see worker/queue_sampling.py), and between each process's reads.
     queue_sample_interval: float = 5.0
+    # Seconds between this process's reads of the live queue overrides (awa.overrides); a
+    # change is also announced on awa_overrides, which applies it at once while the listener
+    # is connected.
+    override_refresh_interval: float = 5.0
     # Whether jobs that fail for good move to the dead-letter queue, for the queues that do
     # not set dlq_enabled themselves; and seconds an entry stays there before the leader
     # deletes it (counted from when it was moved).
@@ -368,6 +343,7 @@ class RuntimeConfig:
             "cleanup_interval",
             "cron_interval",
             "queue_sample_interval",
+            "override_refresh_interval",
             "dlq_retention",
             "ring_rotation_interval",
         ):

@@ -79,14 +79,6 @@ class QueueDispatcher:
         self._more_waiting = True
         # Waiting for a fleet-wide limit to lift: a slot freeing up does not lift it.
         self._held = False
-        # Under a cap or a per-key limit a job stops counting when its outcome commits,
-        # which for a batched completion is after its slot is free: the runtime calls
-        # room_freed() then. Under a cap a free slot alone does not claim (the cap is
-        # reached until the commit); under a per-key limit it does (other keys may wait).
-        self._counts_until_commit = (
-            config.global_max_running is not None or config.key_concurrency is not None
-        )
-        self._slot_free_claims = config.global_max_running is None
         # Room freed while a claim ran, which that claim may not have seen.
         self._freed_since_claim = False
         # Under a cap: jobs whose handler finished and whose completion has not committed
@@ -94,10 +86,35 @@ class QueueDispatcher:
         # flight here, so that claims and completions keep batching: claiming as each
         # single completion commits would settle into one claim and one commit per job.
         self._uncommitted = 0
+        self._follow_limits(config)
+        self.claimed = 0
+
+    def _follow_limits(self, config: QueueConfig) -> None:
+        # Under a cap or a per-key limit a job stops counting when its outcome commits,
+        # which for a batched completion is after its slot is free: the runtime calls
+        # room_freed() then. Under a cap a free slot alone does not claim (the cap is
+        # reached until the commit); under a per-key limit it does (other keys may wait).
+        self._counts_until_commit = (
+            config.global_max_running is not None or config.key_concurrency is not None
+        )
+        if not self._counts_until_commit:
+            # Nothing tells this dispatcher of commits any more (a live override removed the
+            # limits): forget the completions it was waiting for, or a cap set again later
+            # would wait for them for ever.
+            self._uncommitted = 0
+        self._slot_free_claims = config.global_max_running is None
         self._half_cap = (
             config.global_max_running // 2 if config.global_max_running is not None else None
         )
-        self.claimed = 0
+
+    def reconfigure(self, config: QueueConfig) -> None:
+        """Run with other settings from the next claim on (a live override); the handler
+        slots stay as started. The lanes are read from their heads again, and a wait for
+        the poll interval or a limit ends now."""
+        self.config = config
+        self._follow_limits(config)
+        self.lanes.reset()
+        self.wake()
 
     @property
     def running(self) -> int:

@@ -153,10 +153,13 @@ async def store_retention(
             await conn.execute(query("queue_retention_store"), params)
 
 
-async def store_limits(conn: psycopg.AsyncConnection[Any], queues: Iterable[QueueConfig]) -> None:
-    """Record the limits this worker runs its queues with (the last worker to start is what
-    operators see; each worker claims by its own). A change is logged, since workers that
-    disagree each apply their own limits."""
+async def store_limits(
+    conn: psycopg.AsyncConnection[Any], queues: Iterable[QueueConfig], *, warn: bool = True
+) -> None:
+    """Record the limits this worker runs its queues with (the last worker to start, or to
+    apply a live override, is what operators see; each worker claims by its own). A change
+    at start is logged (``warn``), since workers that disagree each apply their own limits;
+    one that a live override made is the same for every worker."""
     for queue in queues:
         if not queue.limited:
             await conn.execute(query("limits_clear"), {"queue": queue.name})
@@ -168,7 +171,7 @@ async def store_limits(conn: psycopg.AsyncConnection[Any], queues: Iterable[Queu
             continue
         previous = _limits(*row)
         current = _limits(*(params[key] for key in _LIMIT_KEYS))
-        if previous != current:
+        if warn and previous != current:
             log.warning(
                 "queue %s: flow limits changed from %s to %s (rate, burst, global_max_running, "
                 "key_concurrency); workers still running the old ones keep them until restarted",

@@ -3,7 +3,8 @@
 Channel ``awa_ready`` carries where newly inserted available jobs sit in their lane
 (``"priority position_us id queue"``, see worker/lanes.py); ``awa_jobs`` carries the queue
 name of jobs that became available otherwise; ``awa_cancel`` carries ``{"job_id",
-"run_lease"}`` of a running attempt an operator cancelled. When the connection drops,
+"run_lease"}`` of a running attempt an operator cancelled; ``awa_overrides`` the queue whose
+live overrides changed. When the connection drops,
 workers fall back to polling until it is back, and every queue is woken (its lanes read
 from their heads) on reconnect in case a notification was missed.
 """
@@ -30,6 +31,7 @@ JOBS_CHANNEL = "awa_jobs"
 READY_CHANNEL = "awa_ready"
 CANCEL_CHANNEL = "awa_cancel"
 CALLBACKS_CHANNEL = "awa_callbacks"
+OVERRIDES_CHANNEL = "awa_overrides"
 
 
 class Listener:
@@ -42,6 +44,7 @@ class Listener:
         on_ready: Callable[[str, int, int, int], None],
         on_cancel: Callable[[int, int | None], None],
         on_callback: Callable[[int], None],
+        on_overrides: Callable[[str], None],
         on_reconnect: Callable[[], None],
     ) -> None:
         self._url, self._application_name = url, application_name  # its own connection
@@ -49,6 +52,7 @@ class Listener:
         self._on_ready = on_ready
         self._on_cancel = on_cancel
         self._on_callback = on_callback
+        self._on_overrides = on_overrides
         self._on_reconnect = on_reconnect
         self._task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
@@ -108,6 +112,9 @@ class Listener:
             return
         if channel == JOBS_CHANNEL:
             self._on_jobs(payload)
+            return
+        if channel == OVERRIDES_CHANNEL:
+            self._on_overrides(payload)
             return
         if channel == CALLBACKS_CHANNEL:
             if payload.isdigit():

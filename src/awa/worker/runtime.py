@@ -48,6 +48,7 @@ from awa.worker.listener import Listener
 from awa.worker.maintenance import (
     Maintenance,
 )
+from awa.worker.overrides import OverrideWatcher, observed
 from awa.worker.presence import Presence
 from awa.worker.registry import TaskRegistry
 from awa.worker.rescue import Rescue, after_rescue
@@ -144,6 +145,10 @@ class Runtime(OutcomeCommits):
             linger=config.completion_linger,
             on_done=self._completions_done,
         )
+        self._overrides = OverrideWatcher(
+            host.connection, queues, self._reconfigure, config.override_refresh_interval
+        )
+        self._override_task: asyncio.Task[None] | None = None
         self._listener: Listener | None = None
         self._heartbeat: Heartbeat | None = None
         self._maintenance: Maintenance | None = None
@@ -225,9 +230,17 @@ class Runtime(OutcomeCommits):
             on_ready=self._ready,
             on_cancel=self._cancel_attempt,
             on_callback=self._wake_callback_waiter,
+            on_overrides=self._overrides.notify,
             on_reconnect=self._wake_all,
         )
         await self._listener.start()
+        # Overrides stored before this worker started apply from its first claim (a read
+        # that fails is retried by the watcher; meanwhile the configured settings hold).
+        try:
+            await self._overrides.refresh()
+        except DatabaseError as error:
+            log.warning("could not read the queue overrides yet (%s)", error)
+        self._override_task = asyncio.create_task(self._overrides.run(), name="awa-overrides")
         # Registered before the dispatchers start, so that health sees the queues served
         # from the first job on; the heartbeat thread keeps the row fresh.
         self._presence = Presence(
@@ -290,6 +303,7 @@ class Runtime(OutcomeCommits):
         metrics.unregister_runtime(self)
         if self._sampler is not None:
             self._sampler.cancel()
+        await cancel_and_wait(self._override_task)
         unstarted: list[Job[Any]] = []
         for dispatcher in self._dispatchers.values():
             unstarted.extend(await dispatcher.stop_claiming())
@@ -387,7 +401,11 @@ class Runtime(OutcomeCommits):
             dispatcher.lanes.rewind(priority, position_us, job_id)
             dispatcher.wake()
 
+    def _reconfigure(self, config: QueueConfig) -> None:
+        self._dispatchers[config.name].reconfigure(config)
+
     def _wake_all(self) -> None:
+        self._overrides.notify("")  # a change may have been announced while nobody listened
         for dispatcher in self._dispatchers.values():
             dispatcher.lanes.reset()
             dispatcher.wake()
@@ -481,6 +499,14 @@ class Runtime(OutcomeCommits):
             in_flight=len(self.inflight),
             queues=self.stats(),
         )
+
+    def settings(self) -> dict[str, list[tuple[str, float, bool]]]:
+        """Each queue's effective settings, for the ``awa.queue.setting`` gauge."""
+        overridden = self._overrides.overridden
+        return {
+            name: observed(dispatcher.config, overridden.get(name, {}))
+            for name, dispatcher in self._dispatchers.items()
+        }
 
     def stats(self) -> dict[str, dict[str, int]]:
         return {

@@ -64,6 +64,8 @@ RUNTIME_HELP: dict[str, str] = {
     "priority one level (0: no aging).",
     "queue_sample_interval": "Seconds between the leader's counts of each queue's jobs for the "
     "queue gauges (stretched on a large backlog).",
+    "override_refresh_interval": "Seconds between each worker's reads of the live queue "
+    "overrides (a notification applies a change sooner).",
     "dlq_enabled": "Move jobs that fail for good to the dead-letter queue (true/false), in the "
     "queues that do not set dlq_enabled themselves.",
     "dlq_retention": "Seconds a dead-letter queue entry is kept (default 30 days).",

@@ -343,4 +343,5 @@ RETURNING id
 LISTEN awa_jobs;
 LISTEN awa_ready;
 LISTEN awa_cancel;
-LISTEN awa_callbacks
+LISTEN awa_callbacks;
+LISTEN awa_overrides
