@@ -31,53 +31,16 @@ $$;
 
 -- The slots are the inserts' column defaults: PL/pgSQL keeps the read's plan for the
 -- session, where a SQL function reading the sequence is planned in every insert.
-CREATE OR REPLACE FUNCTION awa.active_slot() RETURNS smallint
-LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
-BEGIN
-    RETURN (SELECT last_value::smallint FROM awa.active_slot);
-END
-$$;
-
-CREATE OR REPLACE FUNCTION awa.done_slot() RETURNS smallint
-LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
-BEGIN
-    RETURN (SELECT last_value::smallint FROM awa.done_slot);
-END
-$$;
-
--- awa_ready as in migration 12, with one query per statement: the notification and the
--- setting are assignments (evaluated in place) instead of PERFORMs (a query each).
-CREATE OR REPLACE FUNCTION awa.notify_ready_jobs() RETURNS trigger
-LANGUAGE plpgsql AS $$
+DO $$
 DECLARE
-    v_seen text;
-    v_added text := '';
-    v_lane text;
-    v_ignored text;
-    r record;
+    ring text;
 BEGIN
-    IF current_setting('awa.storage_move', true) = 'on' THEN
-        RETURN NULL;
-    END IF;
-    v_seen := coalesce(current_setting('awa.ready_lanes', true), '');
-    FOR r IN
-        SELECT DISTINCT ON (n.queue, n.priority) n.queue, n.priority, n.run_at, n.id
-        FROM inserted_jobs AS n
-        WHERE n.state = 'available'
-        ORDER BY n.queue, n.priority, n.run_at, n.id
-    LOOP
-        v_lane := ',' || md5(r.queue) || r.priority::text || ',';
-        IF strpos(v_seen, v_lane) = 0 THEN
-            v_added := v_added || v_lane;
-        ELSIF r.run_at >= now() THEN
-            CONTINUE;  -- announced already, and this row sits after the announced one
-        END IF;
-        v_ignored := pg_notify('awa_ready',
-                               awa.ready_payload(r.priority, r.run_at, r.id, r.queue))::text;
+    FOREACH ring IN ARRAY ARRAY['active', 'done'] LOOP
+        EXECUTE format(
+            'CREATE OR REPLACE FUNCTION awa.%1$s_slot() RETURNS smallint'
+            ' LANGUAGE plpgsql STABLE PARALLEL SAFE'
+            ' AS $body$ BEGIN RETURN (SELECT last_value::smallint FROM awa.%1$s_slot); END $body$',
+            ring);
     END LOOP;
-    IF v_added <> '' THEN
-        v_ignored := set_config('awa.ready_lanes', v_seen || v_added, true);
-    END IF;
-    RETURN NULL;
 END
 $$;
