@@ -124,6 +124,25 @@ async def pinned_snapshot(url: str) -> AsyncIterator[None]:
             await pin.rollback()
 
 
+async def window_figures(
+    watch: psycopg.AsyncConnection[Any],
+    completed: int,
+    started: list[tuple[float, float]],
+    window_start: float,
+    window_end: float,
+) -> dict[str, Any]:
+    """What a window of the pinned and soak scenarios reports: throughput, the latency
+    (insert to handler start) of the jobs started in it, queue depth and dead tuples."""
+    latencies = latencies_between(started, window_start, window_end)
+    return {
+        "jobs_per_second": completed / (window_end - window_start),
+        "p50_ms": percentile(latencies, 0.5) * 1e3,
+        "p99_ms": percentile(latencies, 0.99) * 1e3,
+        "queue_depth": await stat(watch, "bench_queue_depth"),
+        "dead_tuples": await dead_tuples(watch),
+    }
+
+
 def percentile(values: list[float], fraction: float) -> float:
     if not values:
         return float("nan")
@@ -174,17 +193,22 @@ async def bench_pinned_horizon(
                         window_start, completed_before = time.time(), runtime.completed
                         await asyncio.sleep(min(options.window_seconds, phase_end - time.time()))
                         window_end = time.time()
-                        latencies = latencies_between(started, window_start, window_end)
+                        figures = await window_figures(
+                            watch,
+                            runtime.completed - completed_before,
+                            started,
+                            window_start,
+                            window_end,
+                        )
                         windows.append(
                             {
                                 "phase": phase,
                                 "t": round(window_end - began, 1),
-                                "jobs_per_second": (runtime.completed - completed_before)
-                                / (window_end - window_start),
-                                "claim_p50_ms": percentile(latencies, 0.5) * 1e3,
-                                "claim_p99_ms": percentile(latencies, 0.99) * 1e3,
-                                "queue_depth": await stat(watch, "bench_queue_depth"),
-                                "dead_tuples": await dead_tuples(watch),
+                                "jobs_per_second": figures["jobs_per_second"],
+                                "claim_p50_ms": figures["p50_ms"],
+                                "claim_p99_ms": figures["p99_ms"],
+                                "queue_depth": figures["queue_depth"],
+                                "dead_tuples": figures["dead_tuples"],
                             }
                         )
                         progress.update(task, completed=window_end - began)

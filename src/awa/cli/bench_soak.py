@@ -24,15 +24,13 @@ import psycopg
 from psycopg.rows import dict_row
 from rich.progress import Progress
 
-from awa.cli.bench_drain import QUEUE, Result, reset, stat
+from awa.cli.bench_drain import QUEUE, Result, reset
 from awa.cli.bench_pinned import (
     Paced,
     PacedProducer,
-    dead_tuples,
-    latencies_between,
     median_of,
     paced_client,
-    percentile,
+    window_figures,
 )
 from awa.sql import query
 
@@ -88,16 +86,13 @@ async def bench_soak(
                 window_start, completed_before = now, runtime.completed
                 await asyncio.sleep(min(options.window_seconds, began + options.seconds - now))
                 window_end = time.time()
-                latencies = latencies_between(started, window_start, window_end)
+                figures = await window_figures(
+                    watch, runtime.completed - completed_before, started, window_start, window_end
+                )
                 windows.append(
                     {
                         "t": round(window_end - began, 1),
-                        "jobs_per_second": (runtime.completed - completed_before)
-                        / (window_end - window_start),
-                        "p50_ms": percentile(latencies, 0.5) * 1e3,
-                        "p99_ms": percentile(latencies, 0.99) * 1e3,
-                        "queue_depth": await stat(watch, "bench_queue_depth"),
-                        "dead_tuples": await dead_tuples(watch),
+                        **figures,
                         "bytes": await table_sizes(watch),
                     }
                 )
