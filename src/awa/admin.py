@@ -71,6 +71,12 @@ from awa.periodic.operations import (
     resume_cron_job,
     trigger_cron_job,
 )
+from awa.producer.backpressure import (
+    QueuePressure,
+    clear_queue_depth_limit,
+    list_queue_depth_limits,
+    set_queue_depth_limit,
+)
 from awa.producer.insert import unique_key
 from awa.sql import query
 from awa.storage.db import Flow, Statement, operation
@@ -83,6 +89,7 @@ __all__ = [
     "JobKindDescriptor",
     "QueueDescriptor",
     "QueueLimits",
+    "QueuePressure",
     "QueueStats",
     "RetryFailedResult",
     "bulk_move_failed_to_dlq",
@@ -90,6 +97,7 @@ __all__ = [
     "cancel",
     "cancel_batch_operation",
     "cancel_by_unique_key",
+    "clear_queue_depth_limit",
     "complete_external",
     "delete_cron_job",
     "discard",
@@ -108,6 +116,7 @@ __all__ = [
     "list_dlq",
     "list_job_kind_descriptors",
     "list_jobs",
+    "list_queue_depth_limits",
     "list_queue_descriptors",
     "move_failed_to_dlq",
     "pause_cron_job",
@@ -127,6 +136,7 @@ __all__ = [
     "retry_failed",
     "retry_from_dlq",
     "run_now",
+    "set_queue_depth_limit",
     "submit_batch_operation",
     "trigger_cron_job",
 ]

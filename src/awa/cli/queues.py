@@ -11,7 +11,7 @@ from awa.model import JobState
 
 @cli.main.group()
 def queue() -> None:
-    """Show queue depth; pause, resume and drain queues."""
+    """Show queue depth; pause, resume and drain queues; limit their depth."""
 
 
 _STATS_STATES = [JobState.AVAILABLE, JobState.RUNNING, JobState.SCHEDULED, JobState.RETRYABLE]
@@ -138,3 +138,73 @@ def queue_descriptors(client: awa.Client, name: str | None, as_json: bool) -> No
     rows = client.list_queue_descriptors(queue=name)
     empty = "no queue descriptors yet (workers store them when they start)"
     cli.print_descriptors(rows, as_json, empty, ["QUEUE"], lambda row: [row.queue])
+
+
+@queue.command("limit-depth")
+@click.argument("name", metavar="QUEUE", type=cli.QUEUE)
+@click.option(
+    "--max-depth",
+    type=int,
+    help="Jobs waiting or running (available, scheduled, retryable, running) the queue may "
+    "hold; a positive integer.",
+)
+@click.option(
+    "--policy",
+    type=click.Choice(["signal", "reject"]),
+    default="signal",
+    show_default=True,
+    help="signal: inserts succeed and producers are told the queue is over its limit; "
+    "reject: inserts raise QueueOverLimit (and roll back the producer's transaction).",
+)
+@click.option("--clear", is_flag=True, help="Remove the queue's depth limit.")
+@cli.json_client
+def limit_depth(
+    client: awa.Client,
+    name: str,
+    max_depth: int | None,
+    policy: str,
+    clear: bool,
+    as_json: bool,
+) -> None:
+    """Set (--max-depth) or remove (--clear) QUEUE's depth limit (backpressure).
+
+    Producers read the depth from the maintenance leader's sample, so a limit acts within
+    a few seconds and may be passed by what is inserted meanwhile; see docs/backpressure.md.
+    """
+    if clear == (max_depth is not None):
+        raise click.UsageError("give either --max-depth N or --clear")
+    if clear:
+        cleared = client.clear_queue_depth_limit(name)
+        text = (
+            f"queue {name}: depth limit removed" if cleared else f"queue {name} had no depth limit"
+        )
+        cli.report(as_json, {"queue": name, "cleared": cleared}, text)
+        return
+    client.set_queue_depth_limit(name, max_depth, policy=policy)  # type: ignore[arg-type]
+    text = f"queue {name}: depth limit {max_depth} ({policy})"
+    cli.report(as_json, {"queue": name, "max_depth": max_depth, "policy": policy}, text)
+
+
+@queue.command("depth-limits")
+@cli.json_client
+def depth_limits(client: awa.Client, as_json: bool) -> None:
+    """Each queue's depth limit, its policy and its depth in the leader's last sample.
+
+    OVER says whether the sampled depth is at or over the limit; SAMPLED is how long ago the
+    leader counted it (-: no live job in the queue when it last looked, or no leader).
+    """
+    rows = client.list_queue_depth_limits()
+    if cli.json_or_empty(as_json, rows, "no depth limits"):
+        return
+    table = [
+        [
+            row.queue,
+            row.limit,
+            row.policy,
+            row.depth,
+            "yes" if row.over else "no",
+            cli.format_age(row.sample_age),
+        ]
+        for row in rows
+    ]
+    cli.print_table(["QUEUE", "MAX DEPTH", "POLICY", "DEPTH", "OVER", "SAMPLED"], table)
