@@ -29,7 +29,7 @@ from awa.observability.health import (
 from awa.observability.tracing import describe_insert, producing
 from awa.periodic import operations as periodic
 from awa.producer import backpressure
-from awa.producer.backpressure import DepthLimits, QueuePressure, guarded
+from awa.producer.backpressure import DepthLimits, Policy, QueuePressure, guarded
 from awa.producer.copy import copy_flow, with_per_job_opts
 from awa.producer.insert import (
     MAX_ARGS_BYTES,
@@ -154,12 +154,31 @@ class ProducerMethods:
         return guarded(rules, copy_flow(jobs, kind=kind, opts=opts_, rules=rules))
 
     @client_method
+    def set_queue_depth_limit(
+        self, queue: str, max_depth: int, *, policy: Policy = "signal"
+    ) -> Flow[None]:
+        """Limit ``queue``'s depth (see ``awa.admin.set_queue_depth_limit``); this client
+        acts on it from its next insert, other clients within a second."""
+        statement = backpressure.set_queue_depth_limit.build(queue, max_depth, policy=policy)
+        return self._depth_limits.changing(statement)
+
+    @client_method
+    def clear_queue_depth_limit(self, queue: str) -> Flow[bool]:
+        """Remove ``queue``'s depth limit; False when it had none."""
+        statement = backpressure.clear_queue_depth_limit.build(queue)
+        return self._depth_limits.changing(statement)
+
+    @property
+    def _depth_limits(self) -> DepthLimits:
+        limits = self._insert_rules.depth_limits
+        assert limits is not None  # every client has one
+        return limits
+
+    @client_method
     def queue_pressure(self, queue: str) -> Flow[QueuePressure]:
         """``queue``'s depth against its depth limit as this client sees it (``.over``: at
         or over the limit; see docs/backpressure.md for how fresh the depth is)."""
-        limits = self._insert_rules.depth_limits
-        assert limits is not None  # every client has one
-        return limits.pressure_flow(check_name("queue", queue))
+        return self._depth_limits.pressure_flow(check_name("queue", queue))
 
 
 class OperatorMethods:
@@ -176,9 +195,6 @@ class OperatorMethods:
     resume_queue = operation_method(admin.resume_queue)
     drain_queue = operation_method(admin.drain_queue)
     queue_stats = operation_method(admin.queue_stats)
-    # Backpressure: depth limits.
-    set_queue_depth_limit = operation_method(backpressure.set_queue_depth_limit)
-    clear_queue_depth_limit = operation_method(backpressure.clear_queue_depth_limit)
     list_queue_depth_limits = operation_method(backpressure.list_queue_depth_limits)
     # Periodic jobs (the reference's "cron" names).
     list_cron_jobs = operation_method(periodic.list_cron_jobs)

@@ -132,19 +132,34 @@ class DepthLimits:
         self._limits: dict[str, _Limit] = {}
         self._expires = 0.0
         self._refreshing = False
+        self._loaded = False
         self._lock = threading.Lock()
 
     def due(self) -> bool:
         """Whether the caller should refresh the cache now (it then must run
-        ``refresh_flow``)."""
+        ``refresh_flow``): when it expired and nobody refreshes it, or while it was never
+        read (no insert goes unchecked then)."""
         now = time.monotonic()
         if now < self._expires:
             return False
         with self._lock:
-            if self._refreshing or now < self._expires:
+            if now < self._expires or (self._refreshing and self._loaded):
                 return False
             self._refreshing = True
             return True
+
+    def expire(self) -> None:
+        """Forget the cache: the next insert reads the limits and depths again."""
+        self._expires = 0.0
+
+    def changing(self, statement: Call[R]) -> Flow[R]:
+        """Run ``statement`` (a change of the limits: one Statement), then read the limits
+        again: the client that changed a limit acts on it from its next insert."""
+        result = yield cast(Statement[R], statement)
+        with self._lock:
+            self._refreshing = True
+        yield from self.refresh_flow()
+        return cast(R, result)
 
     def refresh_flow(self) -> Flow[None]:
         """Read every limit and its sampled depth into the cache."""
@@ -168,6 +183,7 @@ class DepthLimits:
                     before.added if same_sample and before is not None else 0,
                 )
             self._limits = fresh
+            self._loaded = True
             self._expires = time.monotonic() + self._ttl
 
     def admit(self, queues: Sequence[str]) -> None:
