@@ -49,20 +49,57 @@ def _limits(client: Any) -> Any:
     return client.insert_rules.depth_limits
 
 
+async def limit(client: awa.AsyncClient, queue: str, max_depth: int, policy: Any) -> int:
+    """Limit ``queue``; the policy's counter for it so far."""
+    metric_reader()
+    await client.set_queue_depth_limit(queue, max_depth, policy=policy)
+    return counted(SIGNALED if policy == "signal" else REJECTED, queue)
+
+
+async def from_tasks(client: awa.AsyncClient, queue: str, tasks: int, each: int) -> list[Any]:
+    """``tasks`` asyncio tasks at once, each inserting ``each`` jobs; the refusals."""
+    refused: list[awa.QueueOverLimit] = []
+
+    async def produce(task: int) -> None:
+        for n in range(each):
+            try:
+                await client.insert(Order(task * 100 + n), queue=queue)
+            except awa.QueueOverLimit as error:
+                refused.append(error)
+
+    await asyncio.gather(*(produce(task) for task in range(tasks)))
+    return refused
+
+
+def from_threads(insert: Any, threads: int, each: int) -> list[Any]:
+    """``threads`` threads at once, each calling ``insert(n)`` ``each`` times; the
+    refusals."""
+    refused: list[awa.QueueOverLimit] = []
+    lock = threading.Lock()
+
+    def produce(thread: int) -> None:
+        for n in range(each):
+            try:
+                insert(thread * 100 + n)
+            except awa.QueueOverLimit as error:
+                with lock:
+                    refused.append(error)
+
+    started = [threading.Thread(target=produce, args=(t,)) for t in range(threads)]
+    for thread in started:
+        thread.start()
+    for thread in started:
+        thread.join()
+    return refused
+
+
 async def test_signal_flags_inserts_over_the_limit_from_concurrent_tasks(
     client: awa.AsyncClient, conn: psycopg.Connection[Any]
 ) -> None:
-    metric_reader()
     queue = "bp-signal-tasks"
-    await client.set_queue_depth_limit(queue, 20, policy="signal")
-    before = counted(SIGNALED, queue)
+    before = await limit(client, queue, 20, "signal")
     assert not (await client.queue_pressure(queue)).over
-
-    async def produce(worker: int) -> None:
-        for n in range(10):
-            await client.insert(Order(worker * 100 + n), queue=queue)
-
-    await asyncio.gather(*(produce(worker) for worker in range(4)))
+    assert await from_tasks(client, queue, 4, 10) == []
 
     assert stored(conn, queue) == 40  # signal never refuses
     pressure = await client.queue_pressure(queue)
@@ -102,21 +139,7 @@ def test_signal_from_threads_with_the_blocking_client(
     queue = "bp-signal-threads"
     sync_client.set_queue_depth_limit(queue, 10, policy="signal")
     before = counted(SIGNALED, queue)
-    errors: list[BaseException] = []
-
-    def produce(worker: int) -> None:
-        try:
-            for n in range(8):
-                sync_client.insert(Order(worker * 100 + n), queue=queue)
-        except BaseException as error:  # pragma: no cover - reported below
-            errors.append(error)
-
-    threads = [threading.Thread(target=produce, args=(worker,)) for worker in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors
+    assert from_threads(lambda n: sync_client.insert(Order(n), queue=queue), 4, 8) == []
     assert stored(conn, queue) == 32
     assert sync_client.queue_pressure(queue).over
     assert counted(SIGNALED, queue) - before == 23  # the 10th to the 32nd
@@ -125,20 +148,9 @@ def test_signal_from_threads_with_the_blocking_client(
 async def test_reject_raises_for_concurrent_tasks_and_stores_nothing_refused(
     client: awa.AsyncClient, conn: psycopg.Connection[Any]
 ) -> None:
-    metric_reader()
     queue = "bp-reject-tasks"
-    await client.set_queue_depth_limit(queue, 10, policy="reject")
-    before = counted(REJECTED, queue)
-    refused: list[awa.QueueOverLimit] = []
-
-    async def produce(worker: int) -> None:
-        for n in range(6):
-            try:
-                await client.insert(Order(worker * 100 + n), queue=queue)
-            except awa.QueueOverLimit as error:
-                refused.append(error)
-
-    await asyncio.gather(*(produce(worker) for worker in range(5)))
+    before = await limit(client, queue, 10, "reject")
+    refused = await from_tasks(client, queue, 5, 6)
 
     assert stored(conn, queue) == 10  # exactly the limit: one client counts its own inserts
     assert len(refused) == 20
@@ -181,23 +193,12 @@ def test_reject_from_threads_with_the_blocking_client(
 ) -> None:
     queue = "bp-reject-threads"
     sync_client.set_queue_depth_limit(queue, 12, policy="reject")
-    refused: list[awa.QueueOverLimit] = []
-    lock = threading.Lock()
 
-    def produce(worker: int) -> None:
-        for n in range(5):
-            try:
-                with sync_client.transaction() as tx:
-                    tx.insert(Order(worker * 100 + n), queue=queue)
-            except awa.QueueOverLimit as error:
-                with lock:
-                    refused.append(error)
+    def insert(n: int) -> None:
+        with sync_client.transaction() as tx:
+            tx.insert(Order(n), queue=queue)
 
-    threads = [threading.Thread(target=produce, args=(worker,)) for worker in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    refused = from_threads(insert, 4, 5)
     assert stored(conn, queue) == 12
     assert len(refused) == 8
     assert all(error.queue == queue and error.limit == 12 for error in refused)

@@ -1,4 +1,5 @@
-"""``awa queue``: queue depth; pause, resume and drain queues; their descriptors."""
+"""``awa queue``: queue depth; pause, resume and drain queues; their descriptors; depth
+limits."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import click
 import awa
 from awa.cli import group as cli
 from awa.model import JobState
+from awa.producer.backpressure import POLICIES
 
 
 @cli.main.group()
@@ -140,6 +142,12 @@ def queue_descriptors(client: awa.Client, name: str | None, as_json: bool) -> No
     cli.print_descriptors(rows, as_json, empty, ["QUEUE"], lambda row: [row.queue])
 
 
+_POLICY_HELP = (
+    "signal (the default): inserts succeed and producers are told the queue is over its "
+    "limit; reject: inserts raise QueueOverLimit (and roll back the producer's transaction)."
+)
+
+
 @queue.command("limit-depth")
 @click.argument("name", metavar="QUEUE", type=cli.QUEUE)
 @click.option(
@@ -148,14 +156,7 @@ def queue_descriptors(client: awa.Client, name: str | None, as_json: bool) -> No
     help="Jobs waiting or running (available, scheduled, retryable, running) the queue may "
     "hold; a positive integer.",
 )
-@click.option(
-    "--policy",
-    type=click.Choice(["signal", "reject"]),
-    default="signal",
-    show_default=True,
-    help="signal: inserts succeed and producers are told the queue is over its limit; "
-    "reject: inserts raise QueueOverLimit (and roll back the producer's transaction).",
-)
+@click.option("--policy", type=click.Choice(POLICIES), default="signal", help=_POLICY_HELP)
 @click.option("--clear", is_flag=True, help="Remove the queue's depth limit.")
 @cli.json_client
 def limit_depth(
