@@ -295,6 +295,25 @@ def test_bad_values_are_refused(
     assert sync_client.list_queue_depth_limits() == []
 
 
+def test_pacer_spaces_inserts_backs_off_and_recovers() -> None:
+    pacer = awa.Pacer(100, min_rate=10, adjust_every=1)
+    assert [pacer.delay(50.0) for _ in range(3)] == pytest.approx([0, 0.01, 0.02])
+    over = awa.QueuePressure("q", 7, 5, "signal", 0.5)
+    calm = awa.QueuePressure("q", 1, 5, "signal", 0.5)
+    pacer.observe(over, 100.0)
+    assert pacer.rate == 50
+    pacer.observe(over, 100.5)  # within adjust_every: unchanged
+    assert pacer.rate == 50
+    for second in range(101, 106):
+        pacer.observe(over, float(second))
+    assert pacer.rate == 10  # min_rate
+    pacer.observe(calm, 107.0)
+    assert pacer.rate == 15
+    for second in range(108, 115):
+        pacer.observe(calm, float(second))
+    assert pacer.rate == 100  # back to the target, not beyond
+
+
 def test_pacer_refuses_bad_rates() -> None:
     with pytest.raises(awa.ValidationError, match="rate must be a number of jobs per second"):
         awa.Pacer(0)
