@@ -43,6 +43,7 @@ OPTIONAL_MODULES = (
     "lark",
     "django",
     "fastapi",
+    "httpx",
 )
 # Distribution names a core install must not bring.
 NOT_IN_CORE = (
@@ -58,6 +59,7 @@ NOT_IN_CORE = (
     "cel-python",
     "django",
     "fastapi",
+    "httpx",
 )
 
 
@@ -205,6 +207,25 @@ def test_metrics_without_the_metrics_extra() -> None:
 def test_callback_receiver_without_the_http_extra() -> None:
     args = ["callback", "serve", "--allow-unsigned"]
     assert awa_command(args, ["uvicorn"]) == line("http", "awa callback serve")
+
+
+def test_http_handler_without_the_http_worker_extra() -> None:
+    """awa.http_worker imports without httpx; building a handler names the extra."""
+    code = without(
+        ["httpx"],
+        """
+        from awa.http_worker import HttpHandler
+        try:
+            HttpHandler("https://fn.example.com")
+        except ImportError as error:
+            print(type(error).__name__, error)
+        """,
+    )
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    expected = missing_extra("http-worker", "awa.http_worker.HttpHandler")
+    assert result.stdout.strip() == f"MissingExtra {expected}"
+    assert str(expected).endswith("pip install 'awa-py[http-worker]'")
 
 
 def test_cel_expressions_without_the_cel_extra() -> None:

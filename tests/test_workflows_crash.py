@@ -36,6 +36,9 @@ def test_one_fan_in_with_right_counts_across_sigkills(
     )
     from procs.batch_worker import Member, Summary
 
+    # The members wait in a paused queue until every worker runs: a worker that started
+    # alone could finish the whole batch before the others are up and any kill happens.
+    sync_client.pause_queue("members")
     batch = sync_client.insert_batch(
         [Member(n) for n in range(MEMBERS)],
         on_complete=awa.EnqueueRequest(Summary("done")).queue("summaries"),
@@ -43,6 +46,7 @@ def test_one_fan_in_with_right_counts_across_sigkills(
         max_attempts=25,
     )
     workers = [start_worker(database_url) for _ in range(3)]
+    sync_client.resume_queue("members")
     kills = 0
     deadline = time.monotonic() + 120
     try:

@@ -1,6 +1,4 @@
-"""The clients: ``AsyncClient`` (producer, operator, worker) and the blocking ``Client``
-(producer, operator), and the transactions they open. Imports everything below the testing
-helpers."""
+"""AsyncClient and Client: shared methods, transactions; imports every layer below testing."""
 
 from awa.client.asyncio_client import AsyncClient
 from awa.client.blocking import Client

@@ -1,4 +1,1 @@
-"""The core every package builds on: argument checks (``arguments``), args <-> JSON and kinds
-(``kinds``), the optional extras (``extras``), outage logging (``outage``) and the leader
-duty's shape (``duty``). Imports only ``awa.model``, ``awa.errors``, ``awa.sql`` and
-``awa.version``."""
+"""The core: argument checks, kinds, extras, outages, leader duties; imports model, sql, errors."""

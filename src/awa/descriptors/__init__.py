@@ -1,6 +1,4 @@
-"""Queue and job-kind descriptors: their types, declarations and statements (``operations``)
-and the leader duty that stores and expires them (``duty``). Imports the producer, lifecycle
-and below; no other capability."""
+"""Descriptors: types, operations, declarations, duty; imports job and below, no capability."""
 
 from awa.descriptors.operations import JobKindDescriptor, QueueDescriptor
 

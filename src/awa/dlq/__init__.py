@@ -1,6 +1,4 @@
-"""The dead-letter queue: its entries and operations on any connection (``operations``) and
-the clients' DLQ methods (``methods``). Imports the producer, lifecycle and below; no other
-capability."""
+"""Dead-letter queue: entries, operations, retention duty; imports job and below, no capability."""
 
 from awa.dlq.operations import DlqEntry
 

@@ -1,8 +1,4 @@
-"""Storage: connections and running statements (``db``), the schema's migrations, the embedded
-server, the storage engine's report and upkeep (``engine``) and the clients' storage calls
-(``methods``). Imports the core only.
-
-The reference package's ``awa.storage`` constants are re-exported here."""
+"""Connections, client calls, migrations, embedded server, storage engine; imports the core."""
 
 from awa.storage.engine import (
     DEFAULT_QUEUE_STORAGE_CLAIM_SLOT_COUNT,

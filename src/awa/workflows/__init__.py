@@ -1,6 +1,4 @@
-"""Workflows and batches (jobs with dependencies, inserted atomically) and waiting for jobs:
-the types, plans and statements (``operations``) and the clients' methods (``methods``).
-Imports the producer, lifecycle and below; no other capability."""
+"""Workflows, batches, waiting: plans, operations, methods; imports job and below, no capability."""
 
 from awa.workflows.methods import WaitTimeout
 from awa.workflows.operations import BatchRun, Step, Workflow, WorkflowInfo, WorkflowRun
