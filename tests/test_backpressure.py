@@ -356,3 +356,32 @@ def test_cli_limits_and_lists_depth(database_url: str, sync_client: awa.Client) 
     assert "--max-depth" in help_text
     assert "--policy" in help_text
     assert "--clear" in help_text
+
+
+async def test_the_signal_lifts_once_workers_drain_the_queue(
+    client: awa.AsyncClient, database_url: str
+) -> None:
+    """A real worker whose leader samples every 0.2 s: the producer's client sees the queue
+    fall below its limit within the stated bound (sample interval + 1 s)."""
+    queue = "bp-drain"
+    await client.set_queue_depth_limit(queue, 10)
+    await client.insert_many([Order(n) for n in range(15)], queue=queue)
+    assert (await client.queue_pressure(queue)).over
+    async with awa.AsyncClient(database_url) as worker:
+
+        @worker.task(Order, queue=queue)
+        async def handle(job: awa.Job[Order]) -> None:
+            return None
+
+        await worker.start([(queue, 4)], queue_sample_interval=0.2)
+        try:
+            started = time.monotonic()
+            while (await client.queue_pressure(queue)).over:
+                assert time.monotonic() - started < 10, "the signal never lifted"
+                await asyncio.sleep(0.1)
+            pressure = await client.queue_pressure(queue)
+            assert pressure.depth is not None
+            assert pressure.depth < 10
+            assert pressure.sample_age is not None
+        finally:
+            await worker.shutdown()
