@@ -74,7 +74,7 @@ def database_url(session_database: str) -> str:
             " DELETE FROM awa.queue_descriptors; DELETE FROM awa.job_kind_descriptors;"
             " DELETE FROM awa.batch_operation_items; DELETE FROM awa.batch_operations;"
             " DELETE FROM awa.job_dependencies; DELETE FROM awa.queue_overrides;"
-            " DELETE FROM awa.queue_override_log;"
+            " DELETE FROM awa.queue_override_log; DELETE FROM awa.queue_depth_limits;"
             " SELECT setval('awa.job_id_seq', 1, false)"
         )
     return session_database

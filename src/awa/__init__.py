@@ -16,6 +16,7 @@ from awa.batch.operations import (
 )
 from awa.callbacks import ResolveResult
 from awa.client import AsyncClient, Client, SyncTransaction, Transaction
+from awa.client.pacing import AsyncPacedProducer, PacedProducer, Pacer
 from awa.core.kinds import derive_kind
 from awa.descriptors.operations import JobKindDescriptor, QueueDescriptor
 from awa.dlq.operations import DlqEntry
@@ -24,6 +25,7 @@ from awa.errors import (
     CallbackNotFound,
     CallbackWaitError,
     DatabaseError,
+    QueueOverLimit,
     SchemaNotMigrated,
     StagingError,
     TerminalError,
@@ -59,6 +61,7 @@ from awa.model import (
 from awa.observability.health import HealthCheck
 from awa.observability.telemetry import init_telemetry, shutdown_telemetry
 from awa.outcomes import CallbackToken, Cancel, RetryAfter, Snooze, WaitForCallback
+from awa.producer.backpressure import QueuePressure
 from awa.producer.insert import MAX_ARGS_BYTES, MAX_METADATA_BYTES, InsertKwargs
 from awa.producer.partitioned import PartitionedQueue
 from awa.storage import migrations
@@ -81,6 +84,7 @@ __all__ = [
     "MAX_STAGED_BYTES",
     "MAX_STAGED_FOLLOW_UPS",
     "AsyncClient",
+    "AsyncPacedProducer",
     "AwaError",
     "BatchOperation",
     "BatchOperationFilter",
@@ -111,11 +115,15 @@ __all__ = [
     "JobRow",
     "JobState",
     "OverrideChange",
+    "PacedProducer",
+    "Pacer",
     "PartitionedQueue",
     "QueueConfig",
     "QueueDescriptor",
     "QueueLimits",
+    "QueueOverLimit",
     "QueueOverrides",
+    "QueuePressure",
     "QueueStat",
     "QueueStats",
     "RescueReason",

@@ -79,6 +79,12 @@ from awa.periodic.operations import (
     resume_cron_job,
     trigger_cron_job,
 )
+from awa.producer.backpressure import (
+    QueuePressure,
+    clear_queue_depth_limit,
+    list_queue_depth_limits,
+    set_queue_depth_limit,
+)
 from awa.producer.insert import unique_key
 from awa.sql import query
 from awa.storage.db import Flow, Statement, operation
@@ -93,6 +99,7 @@ __all__ = [
     "QueueDescriptor",
     "QueueLimits",
     "QueueOverrides",
+    "QueuePressure",
     "QueueStats",
     "RetryFailedResult",
     "bulk_move_failed_to_dlq",
@@ -100,6 +107,7 @@ __all__ = [
     "cancel",
     "cancel_batch_operation",
     "cancel_by_unique_key",
+    "clear_queue_depth_limit",
     "clear_queue_overrides",
     "complete_external",
     "delete_cron_job",
@@ -119,6 +127,7 @@ __all__ = [
     "list_dlq",
     "list_job_kind_descriptors",
     "list_jobs",
+    "list_queue_depth_limits",
     "list_queue_descriptors",
     "list_queue_overrides",
     "move_failed_to_dlq",
@@ -140,6 +149,7 @@ __all__ = [
     "retry_failed",
     "retry_from_dlq",
     "run_now",
+    "set_queue_depth_limit",
     "set_queue_overrides",
     "submit_batch_operation",
     "trigger_cron_job",

@@ -67,3 +67,19 @@ class MissingExtra(AwaError, ImportError):
     def __init__(self, message: str, *, extra: str) -> None:
         super().__init__(message)
         self.extra = extra
+
+
+class QueueOverLimit(AwaError):
+    """An insert into a queue whose depth limit has the ``reject`` policy found the queue at
+    or over its limit; nothing of the insert was stored. ``queue``, ``depth`` (the depth the
+    client last read, see docs/backpressure.md) and ``limit`` say which. Raised inside a
+    transaction, it rolls the whole transaction back unless the caller catches it."""
+
+    def __init__(self, queue: str, *, depth: int, limit: int) -> None:
+        super().__init__(
+            f"queue {queue!r} is at or over its depth limit: depth {depth}, limit {limit} "
+            "(policy reject); nothing was inserted"
+        )
+        self.queue = queue
+        self.depth = depth
+        self.limit = limit

@@ -1,5 +1,5 @@
 """``awa queue``: queue depth; pause, resume and drain queues; their descriptors; live
-overrides of their settings."""
+overrides of their settings; depth limits."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ import click
 import awa
 from awa.cli import group as cli
 from awa.model import JobState
+from awa.producer.backpressure import POLICIES
 
 
 @cli.main.group()
 def queue() -> None:
-    """Show queue depth; pause, resume and drain queues; override their settings live."""
+    """Show queue depth; pause, resume and drain queues; override their settings live;
+    limit their depth."""
 
 
 _STATS_STATES = [JobState.AVAILABLE, JobState.RUNNING, JobState.SCHEDULED, JobState.RETRYABLE]
@@ -292,3 +294,72 @@ def override_log(client: awa.Client, name: str | None, limit: int, as_json: bool
             for row in rows
         ],
     )
+
+
+_POLICY_HELP = (
+    "signal (the default): inserts succeed and producers are told the queue is over its "
+    "limit; reject: inserts raise QueueOverLimit (and roll back the producer's transaction)."
+)
+
+
+@queue.command("limit-depth")
+@click.argument("name", metavar="QUEUE", type=cli.QUEUE)
+@click.option(
+    "--max-depth",
+    type=int,
+    help="Jobs waiting or running (available, scheduled, retryable, running) the queue may "
+    "hold; a positive integer.",
+)
+@click.option("--policy", type=click.Choice(POLICIES), default="signal", help=_POLICY_HELP)
+@click.option("--clear", is_flag=True, help="Remove the queue's depth limit.")
+@cli.json_client
+def limit_depth(
+    client: awa.Client,
+    name: str,
+    max_depth: int | None,
+    policy: str,
+    clear: bool,
+    as_json: bool,
+) -> None:
+    """Set (--max-depth) or remove (--clear) QUEUE's depth limit (backpressure).
+
+    Producers read the depth from the maintenance leader's sample, so a limit acts within
+    a few seconds and may be passed by what is inserted meanwhile; see docs/backpressure.md.
+    """
+    if clear == (max_depth is not None):
+        raise click.UsageError("give either --max-depth N or --clear")
+    if clear:
+        cleared = client.clear_queue_depth_limit(name)
+        text = (
+            f"queue {name}: depth limit removed" if cleared else f"queue {name} had no depth limit"
+        )
+        cli.report(as_json, {"queue": name, "cleared": cleared}, text)
+        return
+    client.set_queue_depth_limit(name, max_depth, policy=policy)  # type: ignore[arg-type]
+    text = f"queue {name}: depth limit {max_depth} ({policy})"
+    cli.report(as_json, {"queue": name, "max_depth": max_depth, "policy": policy}, text)
+
+
+@queue.command("depth-limits")
+@cli.json_client
+def depth_limits(client: awa.Client, as_json: bool) -> None:
+    """Each queue's depth limit, its policy and its depth in the leader's last sample.
+
+    OVER says whether the sampled depth is at or over the limit; SAMPLED is how long ago the
+    leader counted it (-: no live job in the queue when it last looked, or no leader).
+    """
+    rows = client.list_queue_depth_limits()
+    if cli.json_or_empty(as_json, rows, "no depth limits"):
+        return
+    table = [
+        [
+            row.queue,
+            row.limit,
+            row.policy,
+            row.depth,
+            "yes" if row.over else "no",
+            cli.format_age(row.sample_age),
+        ]
+        for row in rows
+    ]
+    cli.print_table(["QUEUE", "MAX DEPTH", "POLICY", "DEPTH", "OVER", "SAMPLED"], table)

@@ -31,6 +31,7 @@ from awa.observability.health import RuntimeHealth
 from awa.observability.tracing import describe_insert, producing
 from awa.periodic.duty import store_periodic_jobs
 from awa.periodic.jobs import PeriodicJob, define_periodic
+from awa.producer.backpressure import guarded
 from awa.producer.insert import (
     InsertKwargs,
     prepare_job,
@@ -141,9 +142,20 @@ class AsyncClient(
         with producing() as span:
             job = prepare_job(args, kind=kind, opts=opts, rules=self._insert_rules)
             describe_insert(span, [job])
+            queues = [job.queue]
             if job.depends_on:  # two statements in one transaction: not for the lanes
-                return await self._drive(insert_one_call(job))
-            return await self._lanes.insert(job)
+                return await self._drive(guarded(self._insert_rules, insert_one_call(job), queues))
+            limits = self._insert_rules.depth_limits
+            if limits is None:
+                return await self._lanes.insert(job)
+            if limits.due():
+                await self._drive(limits.refresh_flow())
+            limits.admit(queues)
+            try:
+                return await self._lanes.insert(job)
+            except BaseException:
+                limits.withdraw(queues)
+                raise
 
     def transaction(self) -> Transaction:
         """A transaction: ``async with client.transaction() as tx`` or

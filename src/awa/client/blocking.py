@@ -20,6 +20,7 @@ from awa.client.methods import CallbackMethods, ClientMethods
 from awa.client.transaction import SyncTransaction
 from awa.model import InsertOpts, JobRow
 from awa.observability.tracing import describe_insert, producing
+from awa.producer.backpressure import guarded
 from awa.producer.insert import (
     InsertKwargs,
     InsertRules,
@@ -42,7 +43,7 @@ def _one(
     def build(span: Any) -> ClientCall[JobRow]:
         job = prepare_job(args, kind=kind, opts=opts, rules=rules)
         describe_insert(span, [job])
-        return insert_one_call(job)
+        return guarded(rules, insert_one_call(job), [job.queue])
 
     return build
 

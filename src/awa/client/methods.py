@@ -16,7 +16,7 @@ from awa.core.arguments import check_client_options, check_flag, check_seconds
 from awa.descriptors import operations as descriptors
 from awa.dlq import operations as dlq
 from awa.errors import AwaError, DatabaseError, SchemaNotMigrated
-from awa.model import JobRow, UniqueOpts
+from awa.model import JobRow, UniqueOpts, check_name
 from awa.observability.health import (
     DEFAULT_UNSERVED_AFTER,
     HEALTH_CHECK_TIMEOUT,
@@ -28,6 +28,8 @@ from awa.observability.health import (
 )
 from awa.observability.tracing import describe_insert, producing
 from awa.periodic import operations as periodic
+from awa.producer import backpressure
+from awa.producer.backpressure import DepthLimits, Policy, QueuePressure, guarded
 from awa.producer.copy import copy_flow, with_per_job_opts
 from awa.producer.insert import (
     MAX_ARGS_BYTES,
@@ -41,7 +43,7 @@ from awa.producer.insert import (
 from awa.producer.statements import insert_call
 from awa.storage import engine
 from awa.storage.calls import Recovering, Within, client_method, operation_method
-from awa.storage.db import DEFAULT_APPLICATION_NAME, Call
+from awa.storage.db import DEFAULT_APPLICATION_NAME, Call, Flow
 from awa.storage.methods import StorageMethods
 from awa.worker.config import RetryPolicy
 from awa.worker.registry import TaskRegistry
@@ -116,7 +118,7 @@ def _many(
     def build(span: Any) -> Call[list[JobRow]]:
         prepared = prepare_many(jobs, kind=kind, opts=opts, rules=rules)
         describe_insert(span, prepared)
-        return insert_call(prepared)
+        return guarded(rules, insert_call(prepared), [job.queue for job in prepared])
 
     return build
 
@@ -148,7 +150,35 @@ class ProducerMethods:
         reference package's form; an ``awa.EnqueueRequest`` per job does the same and more)."""
         jobs = with_per_job_opts(jobs, opts)
         kind, opts_ = split_kwargs("insert_many_copy", kwargs)
-        return copy_flow(jobs, kind=kind, opts=opts_, rules=self._insert_rules)
+        rules = self._insert_rules
+        return guarded(rules, copy_flow(jobs, kind=kind, opts=opts_, rules=rules))
+
+    @client_method
+    def set_queue_depth_limit(
+        self, queue: str, max_depth: int, *, policy: Policy = "signal"
+    ) -> Flow[None]:
+        """Limit ``queue``'s depth (see ``awa.admin.set_queue_depth_limit``); this client
+        acts on it from its next insert, other clients within a second."""
+        statement = backpressure.set_queue_depth_limit.build(queue, max_depth, policy=policy)
+        return self._depth_limits.changing(statement)
+
+    @client_method
+    def clear_queue_depth_limit(self, queue: str) -> Flow[bool]:
+        """Remove ``queue``'s depth limit; False when it had none."""
+        statement = backpressure.clear_queue_depth_limit.build(queue)
+        return self._depth_limits.changing(statement)
+
+    @property
+    def _depth_limits(self) -> DepthLimits:
+        limits = self._insert_rules.depth_limits
+        assert limits is not None  # every client has one
+        return limits
+
+    @client_method
+    def queue_pressure(self, queue: str) -> Flow[QueuePressure]:
+        """``queue``'s depth against its depth limit as this client sees it (``.over``: at
+        or over the limit; see docs/backpressure.md for how fresh the depth is)."""
+        return self._depth_limits.pressure_flow(check_name("queue", queue))
 
 
 class OperatorMethods:
@@ -170,6 +200,7 @@ class OperatorMethods:
     clear_queue_overrides = operation_method(admin.clear_queue_overrides)
     list_queue_overrides = operation_method(admin.list_queue_overrides)
     queue_override_log = operation_method(admin.queue_override_log)
+    list_queue_depth_limits = operation_method(backpressure.list_queue_depth_limits)
     # Periodic jobs (the reference's "cron" names).
     list_cron_jobs = operation_method(periodic.list_cron_jobs)
     pause_cron_job = operation_method(periodic.pause_cron_job)
@@ -285,7 +316,11 @@ class ClientMethods(
         # Every insert of this client (follow-ups and staged ones too): the queue of each
         # kind's task for inserts that name none, per-task defaults and the size limits.
         self._insert_rules = InsertRules(
-            self._tasks.routes, max_args_bytes, max_metadata_bytes, self._tasks.defaults
+            self._tasks.routes,
+            max_args_bytes,
+            max_metadata_bytes,
+            self._tasks.defaults,
+            DepthLimits(),
         )
         self._setup()
 

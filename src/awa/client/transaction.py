@@ -21,6 +21,7 @@ from psycopg.rows import dict_row
 from awa.errors import AwaError, DatabaseError
 from awa.model import JobRow
 from awa.observability.tracing import describe_insert, producing
+from awa.producer.backpressure import guarded
 from awa.producer.insert import (
     DEFAULT_RULES,
     InsertKwargs,
@@ -33,6 +34,7 @@ from awa.producer.insert import (
 from awa.producer.placeholders import translate
 from awa.producer.statements import insert_call
 from awa.storage.db import (
+    Call,
     drive_async,
     drive_sync,
     run_call_async,
@@ -67,18 +69,23 @@ def _own_statement_errors() -> Iterator[None]:
         raise DatabaseError(f"database unavailable: {error}") from error
 
 
+def _insert(jobs: Sequence[PreparedJob], rules: InsertRules) -> Call[list[JobRow]]:
+    return guarded(rules, insert_call(jobs), [job.queue for job in jobs])
+
+
 async def insert_prepared_async(
-    conn: psycopg.AsyncConnection[Any], jobs: Sequence[PreparedJob]
+    conn: psycopg.AsyncConnection[Any], jobs: Sequence[PreparedJob], rules: InsertRules
 ) -> list[JobRow]:
-    """Insert prepared jobs on a connection (see ``insert_call``)."""
-    return await run_call_async(conn, insert_call(jobs))
+    """Insert prepared jobs on a connection (see ``insert_call``), checked against the
+    depth limits of ``rules``."""
+    return await run_call_async(conn, _insert(jobs, rules))
 
 
 def insert_prepared_sync(
-    conn: psycopg.Connection[Any], jobs: Sequence[PreparedJob]
+    conn: psycopg.Connection[Any], jobs: Sequence[PreparedJob], rules: InsertRules
 ) -> list[JobRow]:
-    """Insert prepared jobs on a blocking connection (see ``insert_call``)."""
-    return run_call_sync(conn, insert_call(jobs))
+    """Insert prepared jobs on a blocking connection (see ``insert_prepared_async``)."""
+    return run_call_sync(conn, _insert(jobs, rules))
 
 
 class _Finished(AwaError):
@@ -166,7 +173,7 @@ class Transaction:
         with producing() as span:
             job = prepare_job(args, kind=kind, opts=opts, rules=self._rules)
             describe_insert(span, [job])
-            return (await insert_prepared_async(self.connection, [job]))[0]
+            return (await insert_prepared_async(self.connection, [job], self._rules))[0]
 
     async def insert_many(
         self, jobs: Iterable[Any], **kwargs: Unpack[InsertKwargs]
@@ -176,7 +183,7 @@ class Transaction:
         with producing() as span:
             prepared = prepare_many(jobs, kind=kind, opts=opts, rules=self._rules)
             describe_insert(span, prepared)
-            return await insert_prepared_async(self.connection, prepared)
+            return await insert_prepared_async(self.connection, prepared, self._rules)
 
     async def insert_workflow(self, workflow: Workflow) -> WorkflowRun:
         """Insert a workflow's jobs in this transaction (see ``AsyncClient.insert_workflow``)."""
@@ -287,14 +294,14 @@ class SyncTransaction:
         with producing() as span:
             job = prepare_job(args, kind=kind, opts=opts, rules=self._rules)
             describe_insert(span, [job])
-            return insert_prepared_sync(self.connection, [job])[0]
+            return insert_prepared_sync(self.connection, [job], self._rules)[0]
 
     def insert_many(self, jobs: Iterable[Any], **kwargs: Unpack[InsertKwargs]) -> list[JobRow]:
         kind, opts = split_kwargs("insert_many", kwargs)
         with producing() as span:
             prepared = prepare_many(jobs, kind=kind, opts=opts, rules=self._rules)
             describe_insert(span, prepared)
-            return insert_prepared_sync(self.connection, prepared)
+            return insert_prepared_sync(self.connection, prepared, self._rules)
 
     def insert_workflow(self, workflow: Workflow) -> WorkflowRun:
         with self.connection.transaction():

@@ -91,6 +91,20 @@ cron_schedule_errors = _meter.create_counter(
 )
 
 
+backpressure_signaled = _meter.create_counter(
+    "awa.enqueue.backpressure.signaled",
+    unit="{job}",
+    description="Jobs inserted into a queue at or over its depth limit (policy signal), by "
+    "awa.job.queue",
+)
+backpressure_rejected = _meter.create_counter(
+    "awa.enqueue.backpressure.rejected",
+    unit="{job}",
+    description="Jobs refused because their queue was at or over its depth limit (policy "
+    "reject), by awa.job.queue",
+)
+
+
 def count_by_kind(counter: metrics.Counter, jobs: Iterable[tuple[str, str]]) -> None:
     """Add one per (kind, queue) pair, in as few calls as there are distinct pairs."""
     for (kind, queue), amount in Tally(jobs).items():

@@ -35,6 +35,7 @@ from awa.model import (
     to_timedelta,
 )
 from awa.observability.tracing import with_traceparent
+from awa.producer.backpressure import DepthLimits
 
 UNIQUE_INDEX = "jobs_unique_key_idx"
 
@@ -85,7 +86,8 @@ class InsertRules:
     ``routes`` (kind -> the queue its task was registered on) sends a job whose insert names
     no queue to its task's queue, else ``"default"``; ``defaults`` (kind -> TaskDefaults)
     fill the options an insert leaves unset; args and metadata may not exceed
-    ``max_args_bytes`` and ``max_metadata_bytes`` as JSON."""
+    ``max_args_bytes`` and ``max_metadata_bytes`` as JSON; ``depth_limits`` checks producer
+    inserts (not follow-ups) against the queues' depth limits."""
 
     routes: Mapping[str, str] = dataclasses.field(
         default_factory=lambda: types.MappingProxyType({})
@@ -95,6 +97,8 @@ class InsertRules:
     defaults: Mapping[str, TaskDefaults] = dataclasses.field(
         default_factory=lambda: types.MappingProxyType({})
     )
+    # The client's cache of the queues' depth limits (None: inserts are not checked).
+    depth_limits: DepthLimits | None = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         for field in ("max_args_bytes", "max_metadata_bytes"):
