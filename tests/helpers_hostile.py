@@ -150,6 +150,7 @@ TABLES = (
     "awa.runtimes",
     "awa.queue_overrides",
     "awa.queue_override_log",
+    "awa.queue_depth_limits",
 )
 
 

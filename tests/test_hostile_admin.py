@@ -107,6 +107,13 @@ ADMIN_ROWS: list[Row] = [
         TEXT,
         lambda c, v: admin.clear_queue_overrides(c, "q", changed_by=v),
     ),
+    row(
+        "set_queue_depth_limit.queue",
+        "queue",
+        NAMES,
+        lambda c, v: admin.set_queue_depth_limit(c, v, 10),
+    ),
+    row("clear_queue_depth_limit.queue", "queue", NAMES, admin.clear_queue_depth_limit),
     *_listing_rows("list_queue_overrides"),
     *_listing_rows("queue_override_log"),
     row("resume_queue.queue", "queue", NAMES, lambda c, v: admin.resume_queue(c, v)),
