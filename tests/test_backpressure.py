@@ -14,11 +14,11 @@ from typing import Any
 import psycopg
 import pytest
 from click.testing import CliRunner
-from tests.helpers_lifecycle import counter_value, metric_reader
 
 import awa
 from awa.cli import main
 from awa.observability.queue_samples import store_queue_samples
+from helpers_lifecycle import counter_value, metric_reader
 
 SIGNALED = "awa.enqueue.backpressure.signaled"
 REJECTED = "awa.enqueue.backpressure.rejected"
