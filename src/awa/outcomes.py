@@ -12,17 +12,23 @@ import datetime as dt
 import math
 import time
 
+from awa.errors import ValidationError
+
 
 def _delay_seconds(value: float | dt.timedelta, name: str) -> float:
     seconds = value.total_seconds() if isinstance(value, dt.timedelta) else value
     if isinstance(seconds, bool) or not isinstance(seconds, int | float):
-        raise TypeError(f"{name} takes seconds (a number) or a timedelta")
+        raise TypeError(
+            f"{name} takes seconds (a number) or a timedelta, not {type(value).__name__}"
+        )
     if not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"{name} delay must be a finite, non-negative number of seconds")
+        raise ValidationError(
+            f"{name} delay must be a finite, non-negative number of seconds, got {seconds!r}"
+        )
     if time.time() + seconds >= _LATEST_RUN_AT:
         # The row's run_at could not be read back (or even stored): refuse it here, where the
         # handler sees a clear error, instead of failing the outcome's commit.
-        raise ValueError(f"{name}({seconds:g}) would run the job after the year 9999")
+        raise ValidationError(f"{name}({seconds:g}) would run the job after the year 9999")
     return float(seconds)
 
 
