@@ -137,6 +137,8 @@ async def test_a_seconds_option_and_its_millisecond_twin_are_refused(database_ur
                 }
             ]
         )
+    with pytest.raises(awa.ValidationError, match=r"heartbeat_interval_ms .* integer of 1329 bits"):
+        await client.start(heartbeat_interval_ms=10**400)
     with pytest.raises(awa.ValidationError, match="'name' key"):
         await client.start([{"max_workers": 1}])
     with pytest.raises(awa.ValidationError, match="timeout_ms"):

@@ -56,7 +56,14 @@ _STORAGE_ENGINE_OPTIONS = frozenset(
 
 
 def _number(value: object, option: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValidationError(f"{option} must be a finite number, got {value!r}")
+    if isinstance(value, int) and value.bit_length() > 64:
+        # float() would overflow, and its digits would make the message unreadable.
+        raise ValidationError(
+            f"{option} must be a finite number, got an integer of {value.bit_length()} bits"
+        )
+    if not math.isfinite(value):
         raise ValidationError(f"{option} must be a finite number, got {value!r}")
     return float(value)
 
