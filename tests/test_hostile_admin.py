@@ -117,6 +117,12 @@ ADMIN_ROWS: list[Row] = [
     *_listing_rows("list_queue_overrides"),
     *_listing_rows("queue_override_log"),
     row("resume_queue.queue", "queue", NAMES, lambda c, v: admin.resume_queue(c, v)),
+    row(
+        "pause_cron_job.paused_by",
+        "paused_by",
+        TEXT,
+        lambda c, v: admin.pause_cron_job(c, "nightly", paused_by=v),
+    ),
     row("drain_queue.queue", "queue", NAMES, lambda c, v: admin.drain_queue(c, v)),
     row("get_dlq_job", "job id", IDS, lambda c, v: admin.get_dlq_job(c, v)),
     row("list_dlq.limit", "limit", LIMITS, lambda c, v: admin.list_dlq(c, limit=v)),

@@ -12,6 +12,7 @@ import dataclasses
 import datetime as dt
 from typing import Any
 
+from awa.core.arguments import check_text
 from awa.model import JobRow, MappingAccess, check_name
 from awa.periodic.jobs import failure_text, next_fire_of
 from awa.sql import query
@@ -84,7 +85,8 @@ def list_cron_jobs() -> Statement[list[CronJob]]:
 @operation
 def pause_cron_job(name: str, *, paused_by: str | None = None) -> Statement[bool]:
     """Stop a schedule's fires (its history stays); False when no schedule has the name."""
-    params = {"name": _name(name), "paused_by": paused_by}
+    by = None if paused_by is None else check_text("paused_by", paused_by)
+    params = {"name": _name(name), "paused_by": by}
     return Statement(query("periodic_pause"), params, bool)
 
 
