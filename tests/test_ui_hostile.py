@@ -894,3 +894,30 @@ async def test_the_origin_rule_under_a_prefix_and_a_port(
         assert done.status_code == 303
         assert done.headers["location"] == f"/ops/awa/jobs/{victim.id}"
     assert must_job_row(conn, victim.id)["state"] == "cancelled"
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+async def test_an_oversized_form_is_refused_before_it_is_read_whole(
+    http: httpx.AsyncClient, conn: Conn, victim: awa.JobRow, chunked: bool
+) -> None:
+    """A 1 MB form (by its Content-Length, or streamed without one) gets 413 and acts on
+    nothing; a form of normal size still acts."""
+    before = snapshot(conn)
+    token = await csrf(http)
+    body = f"csrf_token={token}&action=cancel&next=/&padding=".encode() + b"x" * 1_000_000
+
+    async def stream() -> AsyncIterator[bytes]:
+        for start in range(0, len(body), 65_536):
+            yield body[start : start + 65_536]
+
+    answer = await http.post(
+        f"/jobs/{victim.id}/cancel",
+        content=stream() if chunked else body,
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    )
+    assert answer.status_code == 413, answer.text
+    assert "over 65536 bytes" in answer.text
+    assert snapshot(conn) == before
+    control = await post(http, f"/jobs/{victim.id}/cancel", token, action="cancel", next="/")
+    assert control.status_code == 303, control.text
+    assert must_job_row(conn, victim.id)["state"] == "cancelled"

@@ -14,6 +14,7 @@ from awa.ui import actions, pages
 from awa.ui.context import Ui, templates
 from awa.ui.security import (
     Authenticated,
+    BoundedBody,
     ReadOnly,
     SameOrigin,
     SecurityHeaders,
@@ -66,6 +67,7 @@ def create_app(
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=pages.ERROR_HANDLERS)
     app.state.awa_ui = ui
     # The last added runs first: headers go on every answer, the guards' refusals included.
+    app.add_middleware(BoundedBody)
     app.add_middleware(SameOrigin)
     if read_only:
         app.add_middleware(ReadOnly)

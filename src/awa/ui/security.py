@@ -15,6 +15,8 @@
   requests from the UI's own origin only (no inline script or style, no plugin, no
   ``<base>``, no framing, forms posting only to the UI), ``X-Frame-Options: DENY``,
   ``Referrer-Policy: same-origin`` and ``X-Content-Type-Options: nosniff``.
+- Bounded bodies: a request other than GET or HEAD whose body passes ``MAX_FORM_BYTES``
+  gets 413, read no further (the form parser would otherwise hold all of it in memory).
 - Read-only: any request other than GET or HEAD gets 403, and templates hide the actions.
 - Authentication (``awa ui --auth``): a bearer token, or basic-auth credentials. The app
   mounted into another application leaves authentication to that application.
@@ -271,3 +273,51 @@ class SameOrigin:
                 await PlainTextResponse(reason, status_code=403)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+MAX_FORM_BYTES = 64 * 1024
+"""The largest body an action accepts: its forms carry a token, a few names and ids (a
+name is 200 characters at most, a batch of ids a few thousand)."""
+
+
+class BoundedBody:
+    """Answers 413 to a request other than GET or HEAD whose body is over ``limit`` bytes,
+    by its Content-Length or, without one, once that much has arrived; smaller bodies are
+    read here and handed on whole."""
+
+    def __init__(self, app: ASGIApp, limit: int = MAX_FORM_BYTES) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] in SAFE_METHODS:
+            await self.app(scope, receive, send)
+            return
+        refusal = PlainTextResponse(
+            f"refused: the request body is over {self.limit} bytes", status_code=413
+        )
+        length = dict(scope["headers"]).get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.limit:
+            await refusal(scope, receive, send)
+            return
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            if len(body) > self.limit:
+                await refusal(scope, receive, send)
+                return
+            if not message.get("more_body", False):
+                break
+        handed = False
+
+        async def replay() -> MutableMapping[str, Any]:
+            nonlocal handed
+            if handed:
+                return await receive()
+            handed = True
+            return {"type": "http.request", "body": bytes(body), "more_body": False}
+
+        await self.app(scope, replay, send)
