@@ -258,7 +258,9 @@ def test_ctrl_c_drops_the_scratch_database(server_url: str) -> None:
         assert comment_of(server_url, name) == SCRATCH_MARK
         wait_for_jobs(psycopg.conninfo.make_conninfo(server_url, dbname=name), deadline)
         process.send_signal(signal.SIGINT)
-        process.communicate(timeout=30)
+        # Its exit (the scratch database dropped) takes a second alone; a loaded server
+        # shared with other suites has been seen to need more than 30.
+        process.communicate(timeout=90)
         assert process.returncode != 0
         assert comment_of(server_url, name) is None
     finally:
