@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 # periodic read, every 5 s by default, bounds it when a notification is missed).
 APPLIED_WITHIN = 10.0
 
-QUEUES = {"api": {"max_workers": 4, "poll_interval": 0.05}}
+QUEUES = {"api": {"max_workers": 4, "poll_interval": 0.05}, "probe": {"max_workers": 2}}
 
 
 def running(conn: Conn) -> int:
@@ -33,6 +33,17 @@ def settles(conn: Conn, low: int, high: int, message: str) -> float:
     began = time.monotonic()
     wait_until(lambda: low <= running(conn) <= high, APPLIED_WITHIN, message)
     return time.monotonic() - began
+
+
+def completed(conn: Conn, queue: str) -> int:
+    return count(conn, "state = 'completed' AND queue = %s", queue)
+
+
+def until_completed(conn: Conn, queue: str, more: int, message: str) -> None:
+    """Until ``more`` further jobs of ``queue`` have completed: the fleet has kept working
+    for that long (a window measured in work done, not in seconds slept)."""
+    target = completed(conn, queue) + more
+    wait_until(lambda: completed(conn, queue) >= target, APPLIED_WITHIN, message)
 
 
 def test_two_worker_processes_follow_overrides_and_return_after_a_clear(
@@ -48,15 +59,18 @@ def test_two_worker_processes_follow_overrides_and_return_after_a_clear(
         took = settles(conn, 0, 2, "the cap was not applied")
         print(f"cap applied after {took:.2f}s")
         with RunningSampler(database_url, "api").running() as sampler:
-            time.sleep(1.5)
+            until_completed(conn, "api", 8, "the capped fleet stopped completing jobs")
         assert sampler.most_running <= 2, sampler.most_running
         assert sampler.most_running == 2  # still claiming, within the cap
         # A pause: neither process starts anything more.
         sync_client.set_queue_overrides("api", paused=True, changed_by="ops")
         settles(conn, 0, 0, "the pause did not stop the fleet")
         paused_at = conn.execute("SELECT now()").fetchone()
-        time.sleep(1.0)
-        assert count(conn, "attempted_at > %s", paused_at[0]) == 0
+        # Both processes keep claiming other work (dozens of polls of the paused queue pass
+        # meanwhile), and none of it is the paused queue's.
+        insert_calls(conn, 8, seconds=0.1, queue="probe")
+        until_completed(conn, "probe", 8, "the fleet stopped working its other queue")
+        assert count(conn, "queue = 'api' AND attempted_at > %s", paused_at[0]) == 0
         # Cleared: the configured settings again (no cap, not paused).
         sync_client.clear_queue_overrides("api", changed_by="ops")
         took = settles(conn, 7, 8, "the clear did not give back the configured settings")
@@ -69,7 +83,7 @@ def test_two_worker_processes_follow_overrides_and_return_after_a_clear(
         took = settles(conn, 0, 1, "the periodic read did not apply the override")
         print(f"unannounced override applied after {took:.2f}s")
         with RunningSampler(database_url, "api").running() as sampler:
-            time.sleep(1.0)
+            until_completed(conn, "api", 4, "the fleet stopped completing jobs under a cap of 1")
         assert sampler.most_running == 1
     changes = sync_client.queue_override_log("api")
     assert [change.action for change in changes] == ["clear", "set", "set"]

@@ -14,6 +14,7 @@ import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
+import fastapi
 import httpx
 import pytest
 
@@ -462,7 +463,6 @@ async def test_read_only_hides_actions_and_refuses_changes(
 
 
 async def test_mounted_under_a_prefix_in_fastapi(client: awa.AsyncClient, conn: Conn) -> None:
-    fastapi = pytest.importorskip("fastapi")
     host = fastapi.FastAPI()
 
     @host.get("/")

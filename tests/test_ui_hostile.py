@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+from starlette.applications import Starlette
 from starlette.requests import Request
 
 import awa
@@ -712,7 +713,7 @@ async def test_hostile_form_fields_are_refused_by_name(
 async def test_next_stays_a_path_of_the_ui(
     client: awa.AsyncClient, conn: Conn, victim: awa.JobRow, target: str, kept: bool
 ) -> None:
-    host = pytest.importorskip("starlette.applications").Starlette()
+    host = Starlette()
     host.mount("/awa", create_app(client))
     async with browse(host) as http:
         token = await csrf(http, "/awa/jobs")
@@ -881,7 +882,7 @@ async def test_a_post_from_another_origin_is_refused(
 async def test_the_origin_rule_under_a_prefix_and_a_port(
     client: awa.AsyncClient, conn: Conn, victim: awa.JobRow
 ) -> None:
-    host = pytest.importorskip("starlette.applications").Starlette()
+    host = Starlette()
     host.mount("/ops/awa", create_app(client))
     async with browse(host, base="http://ops.test:8080") as http:
         token = await csrf(http, "/ops/awa/jobs")
