@@ -21,6 +21,7 @@ from awa.core.kinds import derive_kind
 from awa.descriptors.operations import JobKindDescriptor, QueueDescriptor
 from awa.dlq.operations import DlqEntry
 from awa.errors import (
+    AttemptLost,
     AwaError,
     CallbackNotFound,
     CallbackWaitError,
@@ -85,6 +86,7 @@ __all__ = [
     "MAX_STAGED_FOLLOW_UPS",
     "AsyncClient",
     "AsyncPacedProducer",
+    "AttemptLost",
     "AwaError",
     "BatchOperation",
     "BatchOperationFilter",

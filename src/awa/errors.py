@@ -83,3 +83,20 @@ class QueueOverLimit(AwaError):
         self.queue = queue
         self.depth = depth
         self.limit = limit
+
+
+class AttemptLost(AwaError):
+    """``job.finalize()`` / ``job.complete_in()`` found this attempt no longer running under
+    its lease: it was rescued, cancelled or re-claimed (or already completed) before the
+    completion could commit. The server has aborted the transaction, so the business writes
+    made in it roll back with the completion; do not catch it in a savepoint and commit.
+    ``job_id`` and ``run_lease`` name the attempt."""
+
+    def __init__(self, job_id: int, run_lease: int) -> None:
+        super().__init__(
+            f"job {job_id}: the attempt with run_lease {run_lease} is no longer running "
+            "(rescued, cancelled, re-claimed or completed already), so its completion and "
+            "the writes of this transaction cannot commit; they are rolled back"
+        )
+        self.job_id = job_id
+        self.run_lease = run_lease

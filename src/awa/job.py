@@ -8,17 +8,20 @@ import datetime as dt
 import inspect
 import math
 from collections.abc import Callable, Coroutine, Mapping
+from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, Unpack
 
 from awa.errors import CallbackWaitError, ValidationError
-from awa.lifecycle import staging
+from awa.lifecycle import finalization, staging
 from awa.model import JobRow, JobState
 from awa.observability.tracing import TRACEPARENT
 from awa.outcomes import CallbackToken
+from awa.producer.bridge import statement_runner_async, statement_runner_sync
 from awa.producer.insert import DEFAULT_RULES, InsertKwargs, InsertRules
 from awa.storage.db import Statement
 
 if TYPE_CHECKING:
+    from awa.lifecycle.finalization import Finalization
     from awa.lifecycle.staging import AttemptBuffer, StagedFollowUp
 
 A = TypeVar("A")
@@ -26,11 +29,8 @@ R = TypeVar("R")
 P = ParamSpec("P")
 
 
-class AttemptServices(Protocol):
+class AttemptServices(finalization.FinalizeServices, Protocol):
     """What a running Job needs from the runtime."""
-
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop: ...
 
     @property
     def insert_rules(self) -> InsertRules:
@@ -78,6 +78,30 @@ def _check_storable(value: object, path: str) -> None:
             _check_storable(item, f"{path}[{index}]")
 
 
+def _refuse_loop_thread(name: str) -> None:
+    """A blocking form called on the event loop's thread would hang the loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return  # a worker thread, as it should be
+    raise RuntimeError(f"{name}() is for def handlers; await the async form instead")
+
+
+class OwnTransaction(Protocol):
+    """The transaction ``job.finalize()`` opens (an ``awa.Transaction``)."""
+
+    @property
+    def connection(self) -> Any: ...
+
+    async def execute(self, query: str, *params: Any) -> int: ...
+
+    async def fetch_all(self, query: str, *params: Any) -> list[dict[str, Any]]: ...
+
+    async def fetch_optional(self, query: str, *params: Any) -> dict[str, Any] | None: ...
+
+    async def insert(self, args: Any, **kwargs: Any) -> JobRow: ...
+
+
 def _from_thread(
     method: Callable[Concatenate[Any, P], Coroutine[Any, Any, R]],
 ) -> Callable[Concatenate[Any, P], R]:
@@ -112,6 +136,7 @@ class Job(Generic[A]):
         "_deadline",
         "_errors",
         "_extras",
+        "_finalization",
         "_handler_task",
         "_interrupt_reason",
         "_metadata",
@@ -186,6 +211,8 @@ class Job(Generic[A]):
         self._interrupt_reason: str | None = None
         # The traceparent of this attempt's span, while tracing: its follow-ups' parent.
         self._trace_context: str | None = None
+        # The completion written in the handler's own transaction (finalize, complete_in).
+        self._finalization: Finalization | None = None
 
     @classmethod
     def from_claim(cls, row: tuple[Any, ...], services: AttemptServices | None) -> Job[Any]:
@@ -225,6 +252,7 @@ class Job(Generic[A]):
         job._handler_task = None
         job._interrupt_reason = None
         job._trace_context = None
+        job._finalization = None
         return job
 
     @property
@@ -487,19 +515,40 @@ class Job(Generic[A]):
         services = self._require_services("wait_for_callback")
         return await callbacks.wait_for_callback(services, self, token)
 
+    def finalize(self) -> AbstractAsyncContextManager[OwnTransaction]:
+        """``async with job.finalize() as tx:`` a transaction on the client's pool in which
+        the business writes and this attempt's completion commit together (with its
+        follow-ups, registered and staged, and its workflow releases). The completion is
+        written as the block ends normally, then it commits; a block that raises rolls both
+        back. Raises ``awa.AttemptLost`` when the attempt was rescued, cancelled or
+        re-claimed meanwhile: the writes roll back. Hooks fire after the commit. Keep the
+        block short: do network calls before it. See docs/finalize.md."""
+        return finalization.owned(self, self._require_services("finalize"))
+
+    async def complete_in(self, conn: Any) -> None:
+        """Write this attempt's completion in the transaction open on ``conn`` (psycopg
+        ``AsyncConnection``, asyncpg, SQLAlchemy ``AsyncConnection`` / ``AsyncSession``);
+        it commits or rolls back with the caller's transaction. Raises ``awa.AttemptLost``
+        (the server aborts the transaction) when the attempt is no longer running."""
+        services = self._require_services("complete_in")
+        run = statement_runner_async(conn, "job.complete_in")
+        await finalization.complete_async(run, self, services.follow_ups)
+
+    def complete_in_sync(self, conn: Any) -> None:
+        """``complete_in()`` for ``def`` handlers on a blocking connection (psycopg
+        ``Connection``, SQLAlchemy ``Connection`` / ``Session``, a Django connection)."""
+        services = self._require_services("complete_in_sync")
+        _refuse_loop_thread("complete_in_sync")
+        run = statement_runner_sync(conn, "job.complete_in_sync")
+        finalization.complete_sync(run, self, services.follow_ups, services.loop)
+
     register_callback_sync = _from_thread(register_callback)
     wait_for_callback_sync = _from_thread(wait_for_callback)
 
     def _run_from_thread(self, name: str, coroutine: Any) -> Any:
         try:
             services = self._require_services(name)
-            in_loop = True
-            try:
-                asyncio.get_running_loop()
-            except RuntimeError:
-                in_loop = False  # a worker thread, as it should be
-            if in_loop:
-                raise RuntimeError(f"{name}() is for def handlers; await the async form instead")
+            _refuse_loop_thread(name)
         except RuntimeError:
             coroutine.close()
             raise

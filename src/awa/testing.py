@@ -31,8 +31,9 @@ from awa.callbacks import cel
 from awa.core.kinds import args_to_json_value, derive_kind
 from awa.errors import CallbackWaitError, ValidationError
 from awa.job import CALLBACK_RESULT_KEY, Job
-from awa.lifecycle.events import JobEvent, Started
-from awa.lifecycle.followups import FollowUpError
+from awa.lifecycle import finalization
+from awa.lifecycle.events import Completed, JobEvent, Started
+from awa.lifecycle.followups import FollowUpError, FollowUpRegistry
 from awa.lifecycle.hooks import is_async_callable
 from awa.model import JobRow, JobState, check_name
 from awa.outcomes import CallbackToken
@@ -156,6 +157,13 @@ class _Services:
     @property
     def insert_rules(self) -> InsertRules:
         return self._client._follow_ups.insert_rules
+
+    @property
+    def follow_ups(self) -> FollowUpRegistry:
+        return self._client._follow_ups
+
+    def transaction(self) -> Any:
+        return self._client.transaction()
 
     async def flush_progress(self, job: Job[Any]) -> None:
         progress = progress_param(job)
@@ -306,6 +314,11 @@ class AwaTestClient:
             await hooks.dispatch_and_wait(Started(job.snapshot(), job.raw_args))
         errors_before = len(job.errors)
         outcome = await run_attempt(job, task, None, shutting_down=self._never)
+        if job._finalization is not None:
+            settled = await self._settle_own_transaction(job, outcome)
+            if isinstance(settled, WorkResult):
+                return settled
+            outcome = settled
         failures: list[FollowUpError] = []
 
         async def commit(outcome: results.Outcome, follow_ups: bool) -> Committed | None:
@@ -328,6 +341,32 @@ class AwaTestClient:
             committed.event,
             tuple(committed.follow_ups),
         )
+
+    async def _settle_own_transaction(
+        self, job: Job[Any], outcome: results.Outcome
+    ) -> WorkResult | results.Outcome:
+        """As the runtime does (``OutcomeCommits._settle_own_transaction``): the row decides.
+        A result when the attempt is over, else the outcome left to commit."""
+        record = job._finalization
+        assert record is not None
+        row: JobRow | None = record.row
+        if not record.committed:
+            async with self._client.connection() as conn:
+                row = await run_async(conn, finalization.evidence_statement(job.id))
+        found = finalization.verdict(row, job.run_lease)
+        if found == "open":
+            job._finalization = None
+            if isinstance(outcome, results.Completed):
+                return results.Retry(error=finalization.NOT_COMMITTED)
+            return outcome
+        if row is None or found == "lost":
+            return WorkResult("stale", await self.get_job(job.id))
+        duration = outcome.duration if isinstance(outcome, results.Completed) else 0.0
+        event = Completed(row, job._args, dt.timedelta(seconds=duration), row.output)
+        hooks = self._client.hook_dispatcher
+        if hooks.wants(job.kind):
+            await hooks.dispatch_and_wait(event)
+        return WorkResult("completed", row, None, event, tuple(record.follow_ups))
 
     async def _commit(
         self, job: Job[Any], outcome: results.Outcome, follow_ups: bool

@@ -284,6 +284,13 @@ def _is_sync(conn: object) -> bool:
 def _unsupported(conn: object, function: str) -> TypeError:
     """The reference package's words for a connection the function cannot use."""
     name = f"{type(conn).__module__}.{type(conn).__qualname__}"
+    if function.startswith("job."):
+        return TypeError(
+            "job.complete_in() takes an async connection (psycopg AsyncConnection, asyncpg, "
+            "SQLAlchemy AsyncConnection or AsyncSession) and job.complete_in_sync() a blocking "
+            "one (psycopg Connection, SQLAlchemy Connection or Session, Django connection); "
+            f"{function}() got: {name}"
+        )
     if function == "insert_job" and _is_sync(conn):
         return TypeError(
             "insert_job() requires an async connection. For sync psycopg3/SQLAlchemy/Django "
@@ -306,17 +313,21 @@ def _check_postgres(conn: object, name: str) -> None:
         raise TypeError(f"awa.bridge needs a PostgreSQL connection, not {name} ({conn!r})")
 
 
-def _async_runner(conn: object) -> Callable[[Statement[Any]], Awaitable[Rows]]:
+def _async_runner(
+    conn: object, function: str = "insert_job"
+) -> Callable[[Statement[Any]], Awaitable[Rows]]:
     if isinstance(conn, psycopg.AsyncConnection):
         return functools.partial(_run_psycopg_async, conn)
     if _is(conn, *_ASYNCPG):
         return functools.partial(_run_asyncpg, conn)
     if _is(conn, *_SA_ASYNC, *_SA_ASYNC_SESSION):
         return functools.partial(_run_sqlalchemy_async, conn)
-    raise _unsupported(conn, "insert_job")
+    raise _unsupported(conn, function)
 
 
-def _sync_runner(conn: object) -> Callable[[Statement[Any]], Rows]:
+def _sync_runner(
+    conn: object, function: str = "insert_job_sync"
+) -> Callable[[Statement[Any]], Rows]:
     if isinstance(conn, psycopg.Connection):
         return functools.partial(_run_psycopg, conn)
     if _is(conn, *_SA_SYNC, *_SA_SESSION):
@@ -324,7 +335,35 @@ def _sync_runner(conn: object) -> Callable[[Statement[Any]], Rows]:
     if _is(conn, *_DJANGO):
         _check_postgres(conn, conn.vendor)  # type: ignore[attr-defined]
         return functools.partial(_run_django, conn)
-    raise _unsupported(conn, "insert_job_sync")
+    raise _unsupported(conn, function)
+
+
+def statement_runner_async(
+    conn: object, function: str
+) -> Callable[[Statement[R] | CopyStatement | Notifications], Awaitable[R]]:
+    """Run one statement, decoded, on any async connection this module supports (for work
+    driven step by step elsewhere, such as a completion in the caller's transaction).
+    ``function``: the public function it serves, named when ``conn`` is not supported."""
+    run = _async_runner(conn, function)
+
+    async def runner(step: Statement[R] | CopyStatement | Notifications) -> R:
+        statement = _no_copy(step)
+        return statement.decode(_shaped(statement, await run(statement)))  # type: ignore[no-any-return]
+
+    return runner
+
+
+def statement_runner_sync(
+    conn: object, function: str
+) -> Callable[[Statement[R] | CopyStatement | Notifications], R]:
+    """Blocking twin of :func:`statement_runner_async` (psycopg, SQLAlchemy, Django)."""
+    run = _sync_runner(conn, function)
+
+    def runner(step: Statement[R] | CopyStatement | Notifications) -> R:
+        statement = _no_copy(step)
+        return statement.decode(_shaped(statement, run(statement)))  # type: ignore[no-any-return]
+
+    return runner
 
 
 # --- One statement on each driver ---------------------------------------------------------

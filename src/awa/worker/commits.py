@@ -19,12 +19,12 @@ from awa.errors import AwaError, DatabaseError
 from awa.job import Job
 from awa.lifecycle.dependents import fire_cancelled_dependents, may_have_cancelled_dependents
 from awa.lifecycle.events import Completed, JobEvent
-from awa.lifecycle.followups import (
-    FollowUpError,
-)
+from awa.lifecycle.finalization import NOT_COMMITTED, Finalization, evidence_statement, verdict
+from awa.lifecycle.followups import FollowUpError, Trigger, count_follow_ups
 from awa.lifecycle.hooks import HookDispatcher
-from awa.model import JobState
+from awa.model import JobRow, JobState
 from awa.observability import metrics
+from awa.storage.db import run_async
 from awa.worker import results
 from awa.worker.attempts import InFlight
 from awa.worker.completer import CompletionBatcher, Done, completed_row
@@ -35,12 +35,24 @@ from awa.worker.finalizer import (
     Finalizer,
     batched_completed_event,
     commit_or_record_failure,
+    count_staged,
 )
 from awa.worker.outcome_log import count_outcome, job_fields, log_outcome
 from awa.worker.registry import TaskRegistry
 from awa.worker.results import Outcome
 
 log = logging.getLogger("awa.worker")
+
+
+def count_own_follow_ups(job: Job[Any], record: Finalization) -> None:
+    """Count the follow-ups a completion in the handler's transaction inserted."""
+    registered = record.registered
+    if registered.inserted or registered.duplicates:
+        inserted, duplicates = len(registered.inserted), len(registered.duplicates)
+        count_follow_ups(job.kind, Trigger.COMPLETED, inserted, duplicates)
+    if record.staged is not None:
+        staged = record.staged
+        count_staged(job.kind, job.queue, len(staged.inserted), len(staged.duplicates))
 
 
 class _Connections(Protocol):
@@ -82,6 +94,11 @@ class OutcomeCommits:
         """Commit one outcome in a statement or transaction of its own, then count, log and
         dispatch it. ``failed``: its follow-ups failed already, in a completion batch."""
         committed = await self._commit(job, outcome, queue, failed)
+        self._settled(job, committed)
+
+    def _settled(self, job: Job[Any], committed: Committed | None) -> None:
+        """The attempt is over: free its room, then count, log and dispatch what committed
+        (None: nothing, the attempt was stale or its outcome could not be saved)."""
         self.inflight.remove(job)
         dispatcher = self._dispatchers.get(job.queue)
         if dispatcher is not None and dispatcher.counts_until_commit:
@@ -97,7 +114,7 @@ class OutcomeCommits:
             )
             return
         log_outcome(job, committed.outcome, committed.row)
-        count_outcome(committed.row, outcome)
+        count_outcome(committed.row, committed.outcome or results.Completed(0.0))
         if committed.row.state is JobState.COMPLETED:
             self.completed += 1
         if committed.event is not None:
@@ -105,6 +122,60 @@ class OutcomeCommits:
         if may_have_cancelled_dependents(committed.row):
             connection = self._host.connection
             self._later(fire_cancelled_dependents(connection, self._hooks, committed.row))
+
+    async def _settle_own_transaction(
+        self, job: Job[Any], outcome: Outcome, queue: QueueConfig
+    ) -> None:
+        """End an attempt whose handler wrote its completion in its own transaction
+        (``job.finalize()``, ``job.complete_in()``): what the database holds decides. A
+        completion under this lease is accepted whatever the handler did next (hooks fire
+        now, after the commit); an attempt still running under it did not commit, so the
+        handler's outcome is committed as usual, a completion becoming a retry; anything
+        else means the attempt was rescued or cancelled first (stale)."""
+        record = job._finalization
+        assert record is not None
+        row = record.row if record.committed else await self._evidence(job)
+        found = verdict(row, job.run_lease)
+        if row is not None and found == "committed":
+            if not isinstance(outcome, results.Completed):
+                log.warning(
+                    "job %s (kind %s): its completion committed in the handler's transaction, "
+                    "then the handler ended with %s; the job stays completed",
+                    job.id,
+                    job.kind,
+                    type(outcome).__name__,
+                    extra=job_fields(job),
+                )
+            duration = outcome.duration if isinstance(outcome, results.Completed) else 0.0
+            count_own_follow_ups(job, record)
+            event = Completed(row, job._args, dt.timedelta(seconds=duration), row.output)
+            completed = results.Completed(duration)
+            self._settled(job, Committed(row, event, record.follow_ups, record.staged, completed))
+            return
+        if found == "open":
+            job._finalization = None
+            if isinstance(outcome, results.Completed):
+                outcome = results.Retry(error=NOT_COMMITTED)
+            await self._commit_alone(job, outcome, queue)
+            return
+        self._settled(job, None)  # stale, or unknown at shutdown: rescue decides
+
+    async def _evidence(self, job: Job[Any]) -> JobRow | None:
+        """The job's row now (None: deleted, or unknown because the worker is shutting down
+        while the database is unreachable), retried while the database is unreachable."""
+        statement = evidence_statement(job.id)
+        delay = 0.05
+        while True:
+            try:
+                async with self._host.connection() as conn:
+                    return await run_async(conn, statement)
+            except DatabaseError as error:
+                if self._interrupting.is_set():
+                    log.warning("job %s: its completion is unconfirmed (%s)", job.id, error)
+                    return None
+                self._save_failures.failed(error, then="retrying; the jobs keep their heartbeat")
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     async def _commit(
         self,

@@ -67,6 +67,10 @@ class RuntimeHost(Protocol):
 
     def connection(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]: ...
 
+    def transaction(self) -> Any:
+        """A transaction on the client's pool (``awa.Transaction``), for ``job.finalize()``."""
+        ...
+
 
 log = logging.getLogger("awa.worker")
 R = TypeVar("R")
@@ -170,6 +174,13 @@ class Runtime(OutcomeCommits):
     @property
     def insert_rules(self) -> InsertRules:
         return self._follow_ups.insert_rules
+
+    @property
+    def follow_ups(self) -> FollowUpRegistry:
+        return self._follow_ups
+
+    def transaction(self) -> Any:
+        return self._host.transaction()
 
     async def flush_progress(self, job: Job[Any]) -> None:
         from awa.worker.completer import progress_param
@@ -472,6 +483,10 @@ class Runtime(OutcomeCommits):
         )
         self._callback_waiters.pop(job.id, None)
         try:
+            if job._finalization is not None:
+                # The handler wrote its completion in its own transaction.
+                await self._settle_own_transaction(job, outcome, queue)
+                return
             await self._finalize(job, outcome, queue)
         except Exception:
             # Never let it kill the slot. The row stays running; dropping the attempt from

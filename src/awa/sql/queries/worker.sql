@@ -345,3 +345,12 @@ LISTEN awa_ready;
 LISTEN awa_cancel;
 LISTEN awa_callbacks;
 LISTEN awa_overrides
+
+-- name: attempt_lost
+-- Raises (SQLSTATE AWA01), aborting the caller's transaction: see migration 18.
+SELECT awa.attempt_lost(%(id)s, %(lease)s)
+
+-- name: attempt_evidence
+-- What became of an attempt whose completion a handler wrote in its own transaction: the
+-- job's row now (completed under this lease: it committed; running under it: it did not).
+SELECT * FROM awa.jobs WHERE id = %(id)s
