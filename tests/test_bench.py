@@ -84,7 +84,11 @@ def test_bench_runs_every_scenario(server_url: str, database_name: str) -> None:
     drains = ("drain", "drain-hook", "drain-followup", "drain-staged", "drain-2proc")
     drains += ("drain-beside-limits", "drain-capped", "drain-keys", "drain-rated")
     drains += ("drain-otel", "drain-otel-traced", "drain-chain", "drain-fan-in")
-    assert set(report) == {"enqueue", "copy", *drains, "latency"}
+    assert set(report) == {"enqueue", "copy", *drains, "drain-finalize", "latency"}
+    # One transaction per job, by design (the opt-in path of docs/finalize.md).
+    assert report["drain-finalize"]["jobs"] == 200
+    assert report["drain-finalize"]["commits_per_job"] >= 1
+    assert report["drain-finalize"]["ratio_to_drain"] > 0
     for scenario in ("enqueue", "copy", *drains):
         assert report[scenario]["jobs"] == 200
         assert report[scenario]["jobs_per_second"] > 0

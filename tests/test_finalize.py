@@ -137,12 +137,12 @@ async def test_a_rescue_that_arrives_after_the_completion_waits_and_finds_it_don
 
     @client.task(Charge)
     async def charge(job: awa.Job[Charge]) -> None:
-        async with await psycopg.AsyncConnection.connect(database_url) as own:
-            async with own.transaction():
-                await own.execute("INSERT INTO ledger VALUES (%s, %s)", (job.id, 1))
-                await job.complete_in(own)
-                written.set()
-                await asyncio.to_thread(release.wait, 10)
+        connecting = psycopg.AsyncConnection.connect(database_url)
+        async with await connecting as own, own.transaction():
+            await own.execute("INSERT INTO ledger VALUES (%s, %s)", (job.id, 1))
+            await job.complete_in(own)
+            written.set()
+            await asyncio.to_thread(release.wait, 10)
 
     row = await client.insert(Charge(1))
     await start(client, queue())
@@ -246,7 +246,8 @@ async def test_a_handler_that_fails_after_its_completion_committed_stays_complet
     row = await client.insert(Charge(1), max_attempts=3)
     await start(client, queue())
     done = await wait_for_state(ledger, row.id, "completed")
-    assert done["attempt"] == 1 and done["errors"] == []
+    assert done["attempt"] == 1
+    assert done["errors"] == []
     assert ledger_rows(ledger) == [(row.id, 1)]
     await wait_for(lambda: "the job stays completed" in caplog.text)
 

@@ -158,5 +158,6 @@ def test_the_control_battery_duplicates_an_ordinary_handlers_writes(
     kills_after_write = conn.execute(
         "SELECT count(*) FROM kills WHERE point <> 'before'"
     ).fetchone()
-    assert kills_after_write is not None and kills_after_write[0] > 0
+    assert kills_after_write is not None
+    assert kills_after_write[0] > 0
     assert sum(rows.values()) > len(rows), rows

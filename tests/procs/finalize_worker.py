@@ -85,16 +85,16 @@ async def main() -> None:
             # finalize() writes the completion as its block ends: "written" is the same
             # moment as "commit" here; the odd jobs below separate them.
         else:
-            async with await psycopg.AsyncConnection.connect(url) as own:
-                async with own.transaction():
-                    await own.execute("INSERT INTO ledger VALUES (%s, %s)", (job.id, job.attempt))
-                    if point == "inside":
-                        die(url, job, point)
-                    await job.complete_in(own)
-                    if point == "written":
-                        die(url, job, point)
-                    if point == "commit":
-                        threading.Timer(random.uniform(0, 0.003), die, (url, job, point)).start()
+            connecting = psycopg.AsyncConnection.connect(url)
+            async with await connecting as own, own.transaction():
+                await own.execute("INSERT INTO ledger VALUES (%s, %s)", (job.id, job.attempt))
+                if point == "inside":
+                    die(url, job, point)
+                await job.complete_in(own)
+                if point == "written":
+                    die(url, job, point)
+                if point == "commit":
+                    threading.Timer(random.uniform(0, 0.003), die, (url, job, point)).start()
         if point == "after":
             die(url, job, point)
 

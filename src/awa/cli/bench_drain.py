@@ -6,6 +6,9 @@
 - ``drain-followup``: a ``Completed`` follow-up spec: every completion inserts a follow-up
   in its transaction.
 - ``drain-staged``: every handler stages one follow-up with ``job.enqueue_on_completion``.
+- ``drain-finalize``: every handler completes in its own transaction (``job.finalize()``,
+  one statement standing for the business write): the opt-in path of docs/finalize.md,
+  one transaction per job instead of the batched completion.
 - ``drain-2proc``: ``drain`` with a second worker process on the same queue.
 - ``drain-beside-limits``: ``drain`` while the worker also runs a queue with every
   fleet-wide limit (a queue without limits must not pay for them).
@@ -48,6 +51,7 @@ DRAIN_VARIANTS = (
     "drain-hook",
     "drain-followup",
     "drain-staged",
+    "drain-finalize",
     "drain-2proc",
     "drain-beside-limits",
     "drain-capped",
@@ -109,11 +113,15 @@ def drain_client(url: str, variant: str) -> awa.AsyncClient:
     """A client whose Noop handler (and hooks or follow-ups) make ``variant``."""
     client = awa.AsyncClient(url, application_name="awa-bench")
     staged = variant == "drain-staged"
+    finalize = variant == "drain-finalize"
 
     @client.task(Noop, queue=QUEUE)
     async def noop(job: awa.Job[Noop]) -> None:
         if staged:
             job.enqueue_on_completion(Echo(job.args.n), queue=FOLLOW_UP_QUEUE)
+        elif finalize:
+            async with job.finalize() as tx:
+                await tx.execute("SELECT %s", job.id)
 
     if variant == "drain-hook":
 
