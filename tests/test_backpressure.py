@@ -385,3 +385,59 @@ async def test_the_signal_lifts_once_workers_drain_the_queue(
             assert pressure.sample_age is not None
         finally:
             await worker.shutdown()
+
+
+async def test_reject_refuses_a_whole_workflow_a_batch_and_a_bridge_insert(
+    client: awa.AsyncClient, conn: psycopg.Connection[Any]
+) -> None:
+    """Every producer path is checked: a workflow or batch with a step in the full queue
+    stores none of its jobs, and ``awa.bridge`` checks the client it is given."""
+    from awa.bridge import insert_job
+
+    queue = "bp-reject-graphs"
+    await client.set_queue_depth_limit(queue, 2, policy="reject")
+    await client.insert_many([Order(1), Order(2)], queue=queue)
+    workflow = awa.Workflow("graph")
+    first = workflow.add(Order(3), queue="bp-elsewhere")
+    workflow.add(Order(4), queue=queue, depends_on=[first])
+    with pytest.raises(awa.QueueOverLimit):
+        await client.insert_workflow(workflow)
+    with pytest.raises(awa.QueueOverLimit):
+        await client.insert_batch([Order(5)], on_complete=Order(6), queue=queue)
+    async with await psycopg.AsyncConnection.connect(conn.info.dsn) as own:
+        with pytest.raises(awa.QueueOverLimit):
+            await insert_job(own, Order(7), queue=queue, client=client)
+        await own.rollback()
+        # Without a client there are no limits to check (documented).
+        await insert_job(own, Order(8), queue=queue)
+        await own.commit()
+    assert stored(conn, queue) == 3
+    assert stored(conn, "bp-elsewhere") == 0
+
+
+async def test_follow_ups_are_never_refused(
+    client: awa.AsyncClient, conn: psycopg.Connection[Any]
+) -> None:
+    """Refusing a follow-up would roll back the completion that triggers it: follow-ups
+    (registered or staged) go into a full queue, and count in its depth from the next
+    sample."""
+    queue = "bp-follow-ups"
+    await client.set_queue_depth_limit(queue, 1, policy="reject")
+    await client.insert(Order(0), queue=queue)
+
+    @client.on_completed_enqueue(Order)
+    def next_order(args: Order, job: awa.JobRow) -> awa.EnqueueRequest:
+        return awa.EnqueueRequest(Order(args.n + 1000)).queue(queue)
+
+    @client.task(Order, queue="bp-triggers")
+    async def handle(job: awa.Job[Order]) -> None:
+        job.enqueue_on_completion(Order(job.args.n + 2000), queue=queue)
+
+    trigger = await client.insert(Order(1), queue="bp-triggers")
+    await client.start([("bp-triggers", 1)], promote_interval=0.05)
+    started = time.monotonic()
+    while stored(conn, queue) < 3:
+        assert time.monotonic() - started < 10, "the follow-ups never arrived"
+        await asyncio.sleep(0.02)
+    row = conn.execute("SELECT state::text FROM awa.jobs WHERE id = %s", (trigger.id,)).fetchone()
+    assert row == ("completed",)

@@ -67,8 +67,10 @@ async def test_business_write_and_completion_commit_together(
     done = await wait_for_state(ledger, row.id, "completed")
     assert done["output"] == {"charged": 7}
     assert ledger_rows(ledger) == [(row.id, 7)]
+    completed = await wait_for(
+        lambda: [event for event in recorder.events if isinstance(event, awa.Completed)]
+    )
     await hooks_idle(client)
-    completed = [event for event in recorder.events if isinstance(event, awa.Completed)]
     assert [event.job.id for event in completed] == [row.id]
     assert completed[0].job.output == {"charged": 7}
     assert seen_inside == [0]

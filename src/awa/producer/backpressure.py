@@ -270,3 +270,10 @@ def guarded(rules: _HasLimits, call: Call[R], queues: Sequence[str] | None = Non
     """``call`` checked against the depth limits of ``rules`` (an ``InsertRules``), if any."""
     limits = rules.depth_limits
     return call if limits is None else limits.guard(call, queues)
+
+
+def guarded_flow(rules: _HasLimits, flow: Flow[R], queues: Sequence[str]) -> Flow[R]:
+    """``guarded`` for an insert that is one step of a larger flow (a workflow's jobs, a
+    bridge insert in the caller's transaction)."""
+    limits = rules.depth_limits
+    return flow if limits is None else limits._guarded(flow, queues)

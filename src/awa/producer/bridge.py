@@ -26,6 +26,7 @@ import psycopg
 
 from awa.errors import ValidationError
 from awa.model import InsertOpts, JobRow
+from awa.producer.backpressure import guarded_flow
 from awa.producer.dependencies import dependencies_flow
 from awa.producer.insert import (
     DEFAULT_RULES,
@@ -101,7 +102,7 @@ async def insert_job(
     run = _async_runner(conn)
     kind, opts = split_kwargs("insert_job", kwargs)
     prepared = _prepare(args, kind, opts, client)
-    return (await _drive_async(run, _insert_with_dependencies(prepared)))[0]
+    return (await _drive_async(run, _insert_with_dependencies(prepared, _rules(client))))[0]
 
 
 def insert_job_sync(
@@ -115,7 +116,7 @@ def insert_job_sync(
     run = _sync_runner(conn)
     kind, opts = split_kwargs("insert_job_sync", kwargs)
     prepared = _prepare(args, kind, opts, client)
-    return _drive_sync(run, _insert_with_dependencies(prepared))[0]
+    return _drive_sync(run, _insert_with_dependencies(prepared, _rules(client)))[0]
 
 
 _NUL = " contains a NUL byte, which Postgres cannot store"  # awa's checks' words
@@ -142,9 +143,10 @@ def _prepare(
         ) from None
 
 
-def _insert_with_dependencies(job: PreparedJob) -> Flow[list[JobRow]]:
-    """The insert, and the job's dependency edges (in the caller's transaction)."""
-    rows = yield from insert_flow([job])
+def _insert_with_dependencies(job: PreparedJob, rules: InsertRules) -> Flow[list[JobRow]]:
+    """The insert (checked against the client's depth limits), and the job's dependency
+    edges (in the caller's transaction)."""
+    rows = yield from guarded_flow(rules, insert_flow([job]), [job.queue])
     return (yield from dependencies_flow(rows, [job]))
 
 

@@ -21,6 +21,7 @@ import orjson
 from awa.core.arguments import uuid_from
 from awa.errors import ValidationError
 from awa.model import DEPENDENCY_POLICIES, EnqueueRequest, JobRow, check_name, dependency_ids
+from awa.producer.backpressure import guarded_flow
 from awa.producer.dependencies import dependencies_flow
 from awa.producer.insert import InsertRules, PreparedJob, prepare_job, split_kwargs
 from awa.producer.statements import dependency_preflight_flow, insert_flow
@@ -166,7 +167,9 @@ class Workflow:
         prepared = self.prepare(rules)
         external = [parent for planned in self._planned for parent in planned.external]
         yield from dependency_preflight_flow(external, self.id, self.name)
-        rows = yield from insert_flow(prepared)
+        # Depth limits apply as to any insert (a rejected queue refuses the whole workflow).
+        queues = [job.queue for job in prepared]
+        rows = yield from guarded_flow(rules, insert_flow(prepared), queues)
         for planned, job in zip(self._planned, prepared, strict=True):
             parents = [rows[index].id for index in planned.steps] + list(planned.external)
             job.depends_on = tuple(dict.fromkeys(parents)) or None
