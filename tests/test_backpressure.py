@@ -441,3 +441,59 @@ async def test_follow_ups_are_never_refused(
         await asyncio.sleep(0.02)
     row = conn.execute("SELECT state::text FROM awa.jobs WHERE id = %s", (trigger.id,)).fetchone()
     assert row == ("completed",)
+
+
+async def test_the_ui_lists_sets_and_removes_depth_limits(client: awa.AsyncClient) -> None:
+    from awa.ui import create_app
+    from helpers_ui import browse, csrf, flash, post, text
+
+    hostile = "<img src=x onerror=alert(1)>"
+    await client.insert_many([Order(n) for n in range(3)], queue="bp-ui")
+    async with browse(create_app(client)) as http:
+        token = await csrf(http, "/overrides")
+        done = await post(
+            http, "/depth-limits/set", token, action="set", queue=hostile, max_depth="5"
+        )
+        assert done.status_code == 303
+        page = await http.get(done.headers["location"])
+        assert "depth limit set" in (flash(page) or "")
+        assert "<img src=x" not in page.text
+        done = await post(
+            http,
+            "/depth-limits/set",
+            token,
+            action="set",
+            queue="bp-ui",
+            max_depth="2",
+            policy="reject",
+        )
+        page = await http.get(done.headers["location"])
+        assert "reject" in text(page)
+        bad = await post(http, "/depth-limits/set", token, action="set", queue="q", max_depth="x")
+        page = await http.get(bad.headers["location"])
+        assert flash(page) == "Not done: max_depth must be an integer, got 'x'"
+        bad = await post(
+            http,
+            "/depth-limits/set",
+            token,
+            action="set",
+            queue="q",
+            max_depth="1",
+            policy="drop",
+        )
+        page = await http.get(bad.headers["location"])
+        assert flash(page) == "Not done: policy must be 'signal' or 'reject', got 'drop'"
+        refused = await http.post("/depth-limits/set", data={"action": "set", "queue": "q"})
+        assert refused.status_code == 403
+        removed = await post(http, "/depth-limits/clear", token, action="clear", queue=hostile)
+        page = await http.get(removed.headers["location"])
+        assert flash(page) == f"Queue {hostile}: depth limit removed."
+    assert [(p.queue, p.limit, p.policy) for p in await client.list_queue_depth_limits()] == [
+        ("bp-ui", 2, "reject")
+    ]
+    async with browse(create_app(client, read_only=True)) as http:
+        page = await http.get("/overrides")
+        assert "bp-ui" in text(page)
+        assert "<form" not in page.text.split("<main>", 1)[1]
+        refused = await http.post("/depth-limits/clear", data={"csrf_token": "x", "queue": "bp-ui"})
+        assert refused.status_code == 403

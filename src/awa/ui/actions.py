@@ -21,6 +21,7 @@ from starlette.routing import Route
 from awa import admin
 from awa.errors import AwaError, ValidationError
 from awa.model import JobState
+from awa.producer.backpressure import check_policy
 from awa.storage.db import run_async
 from awa.ui import reads
 from awa.ui.context import ui_of
@@ -265,6 +266,28 @@ async def clear_overrides(request: Request, form: FormData) -> Response:
     return await _on_name(request, form, "clear", "queue", clear, say, "overrides")
 
 
+async def set_depth_limit(request: Request, form: FormData) -> Response:
+    async def apply(conn: psycopg.AsyncConnection[Any], queue: str) -> None:
+        max_depth = _override_number(form, "max_depth", int)
+        if max_depth is None:
+            raise ValidationError("max_depth: give the number of jobs the queue may hold")
+        policy = check_policy(form.get("policy") or "signal")
+        await admin.set_queue_depth_limit(conn, queue, max_depth, policy=policy)
+
+    def say(queue: str, _: None) -> str:
+        return f"Queue {queue}: depth limit set; producers see it within a second."
+
+    return await _on_name(request, form, "set", "queue", apply, say, "overrides")
+
+
+async def clear_depth_limit(request: Request, form: FormData) -> Response:
+    def say(queue: str, cleared: bool) -> str:
+        return f"Queue {queue}: depth limit removed." if cleared else f"Queue {queue} had none."
+
+    clear = admin.clear_queue_depth_limit
+    return await _on_name(request, form, "clear", "queue", clear, say, "overrides")
+
+
 async def trigger_schedule(request: Request, form: FormData) -> Response:
     def say(name: str, row: Any) -> str:
         return f"Schedule {name} fired: job {row.id}." if row else f"No schedule named {name}."
@@ -298,6 +321,8 @@ def routes() -> list[Route]:
         Route("/queues/resume", _guarded(resume_queue), methods=post, name="queue_resume"),
         Route("/overrides/set", _guarded(set_overrides), methods=post, name="overrides_set"),
         Route("/overrides/clear", _guarded(clear_overrides), methods=post, name="overrides_clear"),
+        Route("/depth-limits/set", _guarded(set_depth_limit), methods=post, name="depth_set"),
+        Route("/depth-limits/clear", _guarded(clear_depth_limit), methods=post, name="depth_clear"),
         Route(
             "/schedules/trigger", _guarded(trigger_schedule), methods=post, name="schedule_trigger"
         ),

@@ -149,7 +149,8 @@ async def overrides(request: Request) -> Response:
     async with ui.connection() as conn:
         rows = await admin.list_queue_overrides(conn)
         changes = await admin.queue_override_log(conn, limit=CHANGES_SHOWN)
-    context = {"overrides": rows, "changes": changes, "page": "overrides"}
+        limits = await admin.list_queue_depth_limits(conn)
+    context = {"overrides": rows, "changes": changes, "limits": limits, "page": "overrides"}
     return ui.render(request, "overrides.html", context)
 
 
