@@ -381,3 +381,99 @@ async def test_a_cap_removed_and_set_again_does_not_wait_for_forgotten_commits()
     # starts from what runs, not from them.
     dispatcher.reconfigure(capped)
     assert dispatcher._claim_size() == 8
+
+
+async def test_an_override_removes_limits_the_workers_were_started_with(
+    client: awa.AsyncClient, database_url: str
+) -> None:
+    """``None`` (``none`` in the CLI and the UI) lifts a configured limit for the fleet;
+    clearing the override puts it back."""
+    running = 0
+    most = 0
+    release = asyncio.Event()
+
+    @client.task(Tick, queue="ticks")
+    async def tick(job: awa.Job[Tick]) -> None:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await release.wait()
+        running -= 1
+
+    await client.start(
+        {"ticks": {"max_workers": 4, "global_max_running": 1, "rate_limit": (1000, 10)}}
+    )
+    runtime = client._runtime
+    assert runtime is not None
+    dispatcher = runtime._dispatchers["ticks"]
+    await client.set_queue_overrides("ticks", global_max_running=None, rate_limit=None)
+    await _until(lambda: dispatcher.config.global_max_running is None, 3, "cap not lifted")
+    assert dispatcher.config.rate_limit is None
+    assert await _stored_limits(client) is None  # awa queue stats shows no limit either
+    [override] = await client.list_queue_overrides()
+    assert override.settings == {"global_max_running": None, "rate_limit": None}
+    await client.insert_many([Tick(n) for n in range(4)], queue="ticks")
+    await _until(lambda: running == 4, 5, "the lifted cap still held the jobs back")
+    release.set()
+    await client.clear_queue_overrides("ticks")
+    await _until(lambda: dispatcher.config.global_max_running == 1, 3, "cap not restored")
+    assert dispatcher.config.rate_limit == (1000.0, 10)
+    shown = ok(
+        "queue",
+        "overrides",
+        "set",
+        "ticks",
+        "--key-concurrency",
+        "none",
+        "--rate-limit",
+        "NONE",
+        url=database_url,
+    ).stdout
+    assert (
+        shown
+        == "queue ticks: overrides rate_limit=none (removed), key_concurrency=none (removed)\n"
+    )
+    async with browse(create_app(client)) as http:
+        token = await csrf(http, "/overrides")
+        await post(http, "/overrides/set", token, action="set", queue="ui", rate="none")
+        await post(http, "/overrides/set", token, action="set", queue="ui", key_concurrency="None")
+    [_, ui] = await client.list_queue_overrides()
+    assert ui.settings == {"rate_limit": None, "key_concurrency": None}
+    bad = awa_cli(
+        "queue", "overrides", "set", "ticks", "--global-max-running", "lots", url=database_url
+    )
+    assert bad.exit_code == 2
+    assert "'lots' is not an integer or 'none'" in bad.stderr
+    await client.close()
+
+
+async def test_the_leader_trims_the_change_log_after_its_retention(
+    client: awa.AsyncClient, conn: Conn
+) -> None:
+    from awa.overrides.duty import override_log_duty
+    from awa.worker.config import RuntimeConfig
+    from awa.worker.duties import leader_duties
+
+    for n in range(5):
+        await client.set_queue_overrides("api", poll_interval=n + 1, changed_by="ops")
+    conn.execute(
+        "UPDATE awa.queue_override_log SET changed_at = now() - interval '400 days'"
+        " WHERE id IN (SELECT id FROM awa.queue_override_log ORDER BY id LIMIT 3)"
+    )
+    duty = override_log_duty(interval=1, retention=365 * 86400, batch_size=2)
+    assert duty is not None
+    async with client.connection() as leader:
+        await duty.run(leader)
+    left = [change.new["poll_interval"] for change in await client.queue_override_log()]
+    assert left == [5.0, 4.0]
+    assert override_log_duty(interval=1, retention=0, batch_size=2) is None
+
+    async def nothing(rescued: Any) -> None:
+        return None
+
+    names = [d.name for d in leader_duties(RuntimeConfig(), on_rescued=nothing)]
+    assert "override log retention" in names
+    kept = RuntimeConfig(override_log_retention=0)
+    assert "override log retention" not in [d.name for d in leader_duties(kept, on_rescued=nothing)]
+    with pytest.raises(awa.ValidationError, match="override_log_retention"):
+        RuntimeConfig(override_log_retention=-1)

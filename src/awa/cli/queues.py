@@ -3,6 +3,8 @@ overrides of their settings; depth limits."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 import awa
@@ -152,17 +154,35 @@ def overrides() -> None:
     """
 
 
+NO_LIMIT = "none"
+"""What the limit options take to remove the queue's configured limit."""
+
+
+class _LimitOrNone(click.ParamType):  # type: ignore[type-arg]
+    name = "N|none"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and value.strip().lower() == NO_LIMIT:
+            return NO_LIMIT
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not an integer or 'none'", param, ctx)
+
+
 def _rate_limit_text(
     ctx: click.Context, param: click.Parameter, value: str | None
-) -> tuple[float, int] | None:
+) -> tuple[float, int] | str | None:
     if value is None:
         return None
+    if value.strip().lower() == NO_LIMIT:
+        return NO_LIMIT
     rate, _, burst = value.partition("/")
     try:
         return float(rate), int(burst) if burst else 0
     except ValueError:
         raise click.BadParameter(
-            f"{value!r} is not RATE or RATE/BURST (jobs per second, an integer burst)"
+            f"{value!r} is not RATE, RATE/BURST (jobs per second, an integer burst) or 'none'"
         ) from None
 
 
@@ -171,6 +191,8 @@ def _describe_settings(settings: dict[str, object]) -> str:
     for name, value in settings.items():
         if name == "rate_limit" and isinstance(value, list):
             value = f"{value[0]:g}/s burst {value[1]}"
+        elif value is None:
+            value = "none (removed)"
         parts.append(f"{name}={value}")
     return ", ".join(parts) or "-"
 
@@ -179,12 +201,22 @@ def _describe_settings(settings: dict[str, object]) -> str:
 @click.argument("name", metavar="QUEUE", type=cli.QUEUE)
 @click.option(
     "--rate-limit",
-    metavar="RATE[/BURST]",
+    metavar="RATE[/BURST]|none",
     callback=_rate_limit_text,
-    help="Jobs started per second (burst: at once).",
+    help="Jobs started per second (burst: at once); none: no rate limit.",
 )
-@click.option("--global-max-running", type=int, metavar="N", help="Cap on running jobs.")
-@click.option("--key-concurrency", type=int, metavar="N", help="Running jobs per concurrency key.")
+@click.option(
+    "--global-max-running",
+    type=_LimitOrNone(),
+    metavar="N|none",
+    help="Cap on running jobs; none: no cap.",
+)
+@click.option(
+    "--key-concurrency",
+    type=_LimitOrNone(),
+    metavar="N|none",
+    help="Running jobs per concurrency key; none: no per-key limit.",
+)
 @click.option("--claim-batch-size", type=int, metavar="N", help="Jobs one claim takes at most.")
 @click.option("--poll-interval", type=float, metavar="SECONDS", help="Fallback poll.")
 @click.option("--deadline", type=float, metavar="SECONDS", help="Attempt deadline (0: none).")
@@ -194,9 +226,9 @@ def _describe_settings(settings: dict[str, object]) -> str:
 def set_overrides(
     client: awa.Client,
     name: str,
-    rate_limit: tuple[float, int] | None,
-    global_max_running: int | None,
-    key_concurrency: int | None,
+    rate_limit: tuple[float, int] | str | None,
+    global_max_running: int | str | None,
+    key_concurrency: int | str | None,
     claim_batch_size: int | None,
     poll_interval: float | None,
     deadline: float | None,
@@ -214,7 +246,11 @@ def set_overrides(
         "deadline_duration": deadline,
         "paused": paused,
     }
-    settings = {key: value for key, value in given.items() if value is not None}
+    settings = {
+        key: None if value == NO_LIMIT else value
+        for key, value in given.items()
+        if value is not None
+    }
     if not settings:
         raise click.UsageError("give at least one setting to override (see --help)")
     result = client.set_queue_overrides(name, settings, changed_by=changed_by or cli.current_user())

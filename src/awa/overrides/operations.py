@@ -5,7 +5,8 @@ them to their own. See docs/overrides.md.
 
 The settings, by name (those of ``QueueConfig``): ``rate_limit`` ((jobs per second, burst),
 or a bare rate), ``global_max_running``, ``key_concurrency``, ``claim_batch_size`` (integers
-from 1 to 2**31 - 1), ``poll_interval`` (seconds, > 0), ``deadline_duration`` (seconds, 0: no
+from 1 to 2**31 - 1; None for the first three removes the limit the workers were started
+with), ``poll_interval`` (seconds, > 0), ``deadline_duration`` (seconds, 0: no
 deadline) and ``paused`` (True or False: pauses or resumes the queue, as ``pause_queue``).
 """
 
@@ -60,6 +61,9 @@ CHECKS: dict[str, Callable[[str, object], Any]] = {
     "paused": check_flag,
 }
 SETTINGS = tuple(CHECKS)
+# The limits an override may remove (None: the queue runs without one, whatever its
+# workers were started with).
+REMOVABLE = frozenset({"rate_limit", "global_max_running", "key_concurrency"})
 
 # Rows a list of overrides or of changes returns at most, and by default.
 MAX_ROWS = 1000
@@ -80,7 +84,7 @@ def check_settings(settings: Mapping[str, object]) -> dict[str, Any]:
             raise ValidationError(
                 f"unknown queue setting {short_repr(name)}; the settings are {', '.join(SETTINGS)}"
             )
-        checked[name] = check(name, value)
+        checked[name] = None if value is None and name in REMOVABLE else check(name, value)
     return checked
 
 
@@ -91,7 +95,7 @@ def applicable(stored: Mapping[str, Any]) -> dict[str, Any]:
     written by hand)."""
     known = {name: value for name, value in stored.items() if name in CHECKS and name != "paused"}
     checked = check_settings(known)
-    if "rate_limit" in checked:
+    if checked.get("rate_limit") is not None:
         checked["rate_limit"] = tuple(checked["rate_limit"])
     return checked
 

@@ -205,10 +205,21 @@ async def resume_queue(request: Request, form: FormData) -> Response:
     return await _on_name(request, form, "resume", "queue", admin.resume_queue, say, "overview")
 
 
+_REMOVE = object()
+"""A limit field of the override form saying ``none``: remove the configured limit."""
+_REMOVABLE_FIELDS = ("rate", "global_max_running", "key_concurrency")
+
+
 def _override_number(form: FormData, field: str, parse: Callable[[str], Any]) -> Any:
     text = form.get(field)
     if not isinstance(text, str) or not text.strip():
         return None
+    if text.strip().lower() == "none" and field in (
+        "rate",
+        "global_max_running",
+        "key_concurrency",
+    ):
+        return _REMOVE
     try:
         return parse(text.strip())
     except ValueError:
@@ -230,14 +241,18 @@ def _override_settings(form: FormData) -> dict[str, Any]:
     }
     rate = _override_number(form, "rate", float)
     burst = _override_number(form, "burst", int)
-    if burst is not None and rate is None:
+    if burst is not None and rate in (None, _REMOVE):
         raise ValidationError("rate_limit: give a rate with the burst")
-    given["rate_limit"] = None if rate is None else (rate, burst or 0)
+    given["rate_limit"] = rate if rate in (None, _REMOVE) else (rate, burst or 0)
     paused = form.get("paused")
     if paused not in (None, "", "true", "false"):
         raise BadRequest(f"paused must be true, false or empty, not {shown(paused)}")
     given["paused"] = {"true": True, "false": False}.get(str(paused))
-    return {name: value for name, value in given.items() if value is not None}
+    return {
+        name: None if value is _REMOVE else value
+        for name, value in given.items()
+        if value is not None
+    }
 
 
 def _changed_by(form: FormData) -> str:

@@ -316,6 +316,9 @@ class RuntimeConfig:
     # Seconds a queue's or job kind's descriptor is kept after a worker last ran or declared
     # it (the leader deletes it then); 0: keep descriptors for ever.
     descriptor_retention: float = 30 * 86400.0
+    # Seconds an entry of the queue override change log is kept (the leader deletes older
+    # ones); 0: keep the log for ever.
+    override_log_retention: float = 365 * 86400.0
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> RuntimeConfig:
@@ -386,6 +389,13 @@ class RuntimeConfig:
             self,
             "descriptor_retention",
             _positive_seconds(self.descriptor_retention, "descriptor_retention", allow_zero=True),
+        )
+        object.__setattr__(
+            self,
+            "override_log_retention",
+            _positive_seconds(
+                self.override_log_retention, "override_log_retention", allow_zero=True
+            ),
         )
         if self.heartbeat_staleness < 2 * self.heartbeat_interval:
             raise ValidationError(

@@ -9,6 +9,7 @@ from awa.core.duty import Duty
 from awa.descriptors.duty import descriptor_duty
 from awa.dlq.duty import dlq_retention_duty
 from awa.lifecycle.events import RescueReason
+from awa.overrides.duty import override_log_duty
 from awa.periodic.duty import periodic_duty
 from awa.worker import limits
 from awa.worker.config import RuntimeConfig
@@ -23,7 +24,8 @@ def leader_duties(
 ) -> list[Duty]:
     """Promotion, the three rescue sweeps, retention (of jobs and of DLQ entries), the
     active ring's rotation, stale runtimes, periodic jobs, queue samples, descriptors, batch
-    operations, priority aging and vacuum (the last two unless turned off)."""
+    operations, the override log's retention, priority aging and vacuum (the last three
+    unless turned off)."""
     intervals = {
         RescueReason.STALE_HEARTBEAT: config.heartbeat_rescue_interval,
         RescueReason.DEADLINE_EXCEEDED: config.deadline_rescue_interval,
@@ -59,6 +61,13 @@ def leader_duties(
         descriptor_duty(config.descriptor_retention, config.cleanup_interval),
         batch_operation_duty(),
     ]
+    override_log = override_log_duty(
+        interval=config.cleanup_interval,
+        retention=config.override_log_retention,
+        batch_size=config.cleanup_batch_size,
+    )
+    if override_log is not None:
+        duties.append(override_log)
     if config.priority_aging_interval > 0:
         duties.append(limits.aging_duty(config.priority_aging_interval))
     if config.vacuum_interval > 0:

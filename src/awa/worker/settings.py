@@ -71,6 +71,8 @@ RUNTIME_HELP: dict[str, str] = {
     "dlq_retention": "Seconds a dead-letter queue entry is kept (default 30 days).",
     "descriptor_retention": "Seconds a queue's or kind's descriptor is kept after a worker last "
     "ran or declared it (0: for ever; default 30 days).",
+    "override_log_retention": "Seconds an entry of the queue override change log is kept "
+    "(0: for ever; default 365 days).",
 }
 
 QUEUE_KEYS = frozenset(

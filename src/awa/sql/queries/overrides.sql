@@ -30,3 +30,16 @@ LIMIT %(limit)s
 -- A worker's read of the overrides of the queues it runs: primary-key lookups in a table of
 -- one row per overridden queue, every few seconds and on notification (never the job tables).
 SELECT queue, settings FROM awa.queue_overrides WHERE queue = ANY(%(queues)s::text[])
+
+-- name: override_log_delete_expired
+-- Retention of the change log: entries older than %(retention)s seconds, oldest first (the
+-- log grows in id order with its clock), in bounded batches.
+WITH doomed AS (
+    SELECT id FROM awa.queue_override_log
+    WHERE changed_at < now() - make_interval(secs => %(retention)s)
+    ORDER BY id
+    LIMIT %(limit)s
+), deleted AS (
+    DELETE FROM awa.queue_override_log AS l USING doomed WHERE l.id = doomed.id RETURNING 1
+)
+SELECT count(*) AS deleted FROM deleted
