@@ -406,7 +406,7 @@ async def test_a_django_atomic_block_completes_the_attempt(
 
 
 async def test_wrong_connections_and_threads_are_refused_with_a_clear_error(
-    client: awa.AsyncClient, ledger: Conn, database_url: str
+    client: awa.AsyncClient, ledger: Conn, database_url: str, django_connection: Any
 ) -> None:
     errors: list[str] = []
 
@@ -421,6 +421,14 @@ async def test_wrong_connections_and_threads_are_refused_with_a_clear_error(
             job.complete_in_sync(object())
         except RuntimeError as error:
             errors.append(str(error))
+        # Autocommit: the completion would commit at once, apart from the writes.
+        connecting = psycopg.AsyncConnection.connect(database_url, autocommit=True)
+        async with await connecting as autocommit:
+            try:
+                await job.complete_in(autocommit)
+            except awa.ValidationError as error:
+                errors.append(str(error))
+        await asyncio.to_thread(outside_atomic, job, errors)
 
     row = await client.insert(Charge(1))
     await start(client, queue())
@@ -428,6 +436,22 @@ async def test_wrong_connections_and_threads_are_refused_with_a_clear_error(
     assert "job.complete_in_sync() a blocking one" in errors[0]
     assert "psycopg.Connection" in errors[0]
     assert "is for def handlers" in errors[1]
+    assert errors[2].startswith("job.complete_in() needs a transaction open on the connection")
+    assert "autocommit" in errors[2]
+    assert errors[3].startswith("job.complete_in_sync() needs a transaction open")
+    assert ledger_rows(ledger) == []
+
+
+def outside_atomic(job: awa.Job[Charge], errors: list[str]) -> None:
+    """A Django connection outside ``atomic()`` (Django's default: autocommit)."""
+    from django.db import connection
+
+    try:
+        job.complete_in_sync(connection)
+    except awa.ValidationError as error:
+        errors.append(str(error))
+    finally:
+        connection.close()
 
 
 async def test_the_test_client_runs_a_handler_that_completes_in_its_transaction(

@@ -87,21 +87,6 @@ def _refuse_loop_thread(name: str) -> None:
     raise RuntimeError(f"{name}() is for def handlers; await the async form instead")
 
 
-class OwnTransaction(Protocol):
-    """The transaction ``job.finalize()`` opens (an ``awa.Transaction``)."""
-
-    @property
-    def connection(self) -> Any: ...
-
-    async def execute(self, query: str, *params: Any) -> int: ...
-
-    async def fetch_all(self, query: str, *params: Any) -> list[dict[str, Any]]: ...
-
-    async def fetch_optional(self, query: str, *params: Any) -> dict[str, Any] | None: ...
-
-    async def insert(self, args: Any, **kwargs: Any) -> JobRow: ...
-
-
 def _from_thread(
     method: Callable[Concatenate[Any, P], Coroutine[Any, Any, R]],
 ) -> Callable[Concatenate[Any, P], R]:
@@ -515,7 +500,7 @@ class Job(Generic[A]):
         services = self._require_services("wait_for_callback")
         return await callbacks.wait_for_callback(services, self, token)
 
-    def finalize(self) -> AbstractAsyncContextManager[OwnTransaction]:
+    def finalize(self) -> AbstractAsyncContextManager[finalization.OwnTransaction]:
         """``async with job.finalize() as tx:`` a transaction on the client's pool in which
         the business writes and this attempt's completion commit together (with its
         follow-ups, registered and staged, and its workflow releases). The completion is
@@ -532,6 +517,7 @@ class Job(Generic[A]):
         (the server aborts the transaction) when the attempt is no longer running."""
         services = self._require_services("complete_in")
         run = statement_runner_async(conn, "job.complete_in")
+        finalization.require_transaction(conn, "complete_in")
         await finalization.complete_async(run, self, services.follow_ups)
 
     def complete_in_sync(self, conn: Any) -> None:
@@ -540,6 +526,7 @@ class Job(Generic[A]):
         services = self._require_services("complete_in_sync")
         _refuse_loop_thread("complete_in_sync")
         run = statement_runner_sync(conn, "job.complete_in_sync")
+        finalization.require_transaction(conn, "complete_in_sync")
         finalization.complete_sync(run, self, services.follow_ups, services.loop)
 
     register_callback_sync = _from_thread(register_callback)

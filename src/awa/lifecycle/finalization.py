@@ -23,7 +23,7 @@ import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator
 from typing import Any, Literal, Protocol
 
-from awa.errors import AttemptLost, StagingError
+from awa.errors import AttemptLost, StagingError, ValidationError
 from awa.lifecycle import staging
 from awa.lifecycle.followups import (
     FollowUpRegistry,
@@ -34,7 +34,7 @@ from awa.lifecycle.followups import (
     prepare_follow_ups,
 )
 from awa.model import JobRow, JobState
-from awa.producer.bridge import statement_runner_async
+from awa.producer.bridge import outside_transaction, statement_runner_async
 from awa.producer.insert import InsertRules
 from awa.producer.statements import SkippingInsert
 from awa.sql import query
@@ -82,6 +82,31 @@ class FinalizeServices(Protocol):
     def transaction(self) -> Any:
         """A new transaction on the client's pool (``awa.Transaction``)."""
         ...
+
+
+def require_transaction(conn: Any, name: str) -> None:
+    """Refuse a connection that would commit the completion at once, apart from the writes."""
+    if outside_transaction(conn):
+        raise ValidationError(
+            f"job.{name}() needs a transaction open on the connection: it is in autocommit "
+            "mode, so the completion would commit at once, apart from the writes it must "
+            "commit with (open one: conn.transaction(), transaction.atomic(), ...)"
+        )
+
+
+class OwnTransaction(Protocol):
+    """The transaction ``job.finalize()`` opens (an ``awa.Transaction``)."""
+
+    @property
+    def connection(self) -> Any: ...
+
+    async def execute(self, query: str, *params: Any) -> int: ...
+
+    async def fetch_all(self, query: str, *params: Any) -> list[dict[str, Any]]: ...
+
+    async def fetch_optional(self, query: str, *params: Any) -> dict[str, Any] | None: ...
+
+    async def insert(self, args: Any, **kwargs: Any) -> JobRow: ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -166,9 +166,9 @@ def _buffer(job: StagingJob) -> AttemptBuffer:
 
 def _sealed_error(job: StagingJob) -> StagingError:
     return StagingError(
-        f"job {job.id}: the stage is sealed: its handler already returned, so nothing can "
-        "be staged or recorded for this attempt any more (await the task that does it "
-        "before returning)"
+        f"job {job.id}: the stage is sealed: its handler already returned or wrote its "
+        "completion (job.finalize(), job.complete_in()), so nothing can be staged or "
+        "recorded for this attempt any more (await the task that does it before returning)"
     )
 
 

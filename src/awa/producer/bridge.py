@@ -340,6 +340,20 @@ def _sync_runner(
     raise _unsupported(conn, function)
 
 
+def outside_transaction(conn: object) -> bool:
+    """Whether ``conn`` commits each statement on its own (autocommit with no transaction
+    open), as far as its driver tells: psycopg, asyncpg and Django do; False otherwise
+    (SQLAlchemy begins a transaction with the first statement)."""
+    if isinstance(conn, psycopg.Connection | psycopg.AsyncConnection):
+        idle = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        return bool(conn.autocommit) and idle
+    if _is(conn, *_ASYNCPG):
+        return not conn.is_in_transaction()  # type: ignore[attr-defined]
+    if _is(conn, *_DJANGO):
+        return bool(conn.get_autocommit()) and not conn.in_atomic_block  # type: ignore[attr-defined]
+    return False
+
+
 def statement_runner_async(
     conn: object, function: str
 ) -> Callable[[Statement[R] | CopyStatement | Notifications], Awaitable[R]]:
