@@ -15,7 +15,7 @@ import pytest
 
 import awa
 from awa.testing import AwaTestClient
-from helpers_lifecycle import Recorder, hooks_idle, jobs_of_kind
+from helpers_lifecycle import Recorder, counter_value, hooks_idle, jobs_of_kind, metric_reader
 from helpers_worker import queue, start, wait_for, wait_for_state
 from jobs_helpers import Conn, must_job_row
 from test_bridge import _asyncpg_kwargs, _sqlalchemy_url, django_connection
@@ -224,12 +224,21 @@ async def test_a_caller_transaction_rolled_back_retries_the_attempt(
             else:
                 await own.commit()
 
+    metric_reader()
+    before = {result: own_completions(result) for result in ("committed", "not_committed")}
     row = await client.insert(Charge(1), max_attempts=3)
     await start(client, queue(retry=QUICK_RETRY))
     done = await wait_for_state(ledger, row.id, "completed")
     assert done["attempt"] == 2
     assert "did not commit" in done["errors"][0]["error"]
     assert ledger_rows(ledger) == [(row.id, 2)]
+    await wait_for(lambda: own_completions("committed") == before["committed"] + 1)
+    assert own_completions("not_committed") == before["not_committed"] + 1
+
+
+def own_completions(result: str) -> int:
+    attributes = {"awa.job.kind": "charge", "awa.finalize.result": result}
+    return counter_value("awa.job.own_transaction_completions", **attributes)
 
 
 async def test_a_handler_that_fails_after_its_completion_committed_stays_completed(

@@ -66,6 +66,12 @@ staged_follow_ups_committed = _meter.create_counter(
     unit="{job}",
     description="Handler-staged follow-ups of committed completions, by awa.follow_up.result",
 )
+own_transaction_completions = _meter.create_counter(
+    "awa.job.own_transaction_completions",
+    unit="{job}",
+    description="Completions written in the handler's own transaction (job.finalize(), "
+    "job.complete_in()), by awa.finalize.result: committed, not_committed or lost",
+)
 staged_follow_ups_discarded = _meter.create_counter(
     "awa.job.staged_follow_ups_discarded",
     unit="{job}",

@@ -44,6 +44,9 @@ from awa.worker.results import Outcome
 log = logging.getLogger("awa.worker")
 
 
+FINALIZE_RESULT = "awa.finalize.result"
+
+
 def count_own_follow_ups(job: Job[Any], record: Finalization) -> None:
     """Count the follow-ups a completion in the handler's transaction inserted."""
     registered = record.registered
@@ -136,6 +139,9 @@ class OutcomeCommits:
         assert record is not None
         row = record.row if record.committed else await self._evidence(job)
         found = verdict(row, job.run_lease)
+        result = "not_committed" if found == "open" else found
+        attributes = {metrics.KIND: job.kind, metrics.QUEUE: job.queue, FINALIZE_RESULT: result}
+        metrics.own_transaction_completions.add(1, attributes)
         if row is not None and found == "committed":
             if not isinstance(outcome, results.Completed):
                 log.warning(
