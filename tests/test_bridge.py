@@ -324,7 +324,37 @@ def test_django_without_time_zone_support(
     assert awa.admin.get_job(conn, job.id) == job
 
 
+def test_sync_depth_limits_of_the_given_client_apply(
+    sync_tx: SyncTx, sync_client: awa.Client, conn: psycopg.Connection[Any]
+) -> None:
+    """With ``client=``, the client's depth limits are read (a statement without parameters,
+    on the caller's driver) and enforced."""
+    sync_client.set_queue_depth_limit("bridge-limited", 1, policy="reject")
+    with sync_tx(commit=True) as driver_conn:
+        insert_job_sync(
+            driver_conn, SendEmail("a@example.com"), queue="bridge-limited", client=sync_client
+        )
+        with pytest.raises(awa.QueueOverLimit):
+            insert_job_sync(
+                driver_conn, SendEmail("b@example.com"), queue="bridge-limited", client=sync_client
+            )
+    assert _count(conn) == 1
+
+
 # --- asyncio drivers ----------------------------------------------------------------------
+
+
+async def test_async_depth_limits_of_the_given_client_apply(
+    async_tx: AsyncTx, client: awa.AsyncClient, conn: psycopg.Connection[Any]
+) -> None:
+    await client.set_queue_depth_limit("bridge-limited", 1, policy="reject")
+    await client.insert(SendEmail("a@example.com"), queue="bridge-limited")
+    async with async_tx(commit=False) as driver_conn:
+        with pytest.raises(awa.QueueOverLimit):
+            await insert_job(
+                driver_conn, SendEmail("b@example.com"), queue="bridge-limited", client=client
+            )
+    assert _count(conn) == 1
 
 
 async def test_async_commit_makes_the_job_exist(

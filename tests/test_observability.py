@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
@@ -292,16 +293,31 @@ def test_a_scrape_on_a_million_jobs_reads_the_sample(
             return depth == 1_000_000
 
         wait_for_sync(sampled, 120)
+        # The job tables locked against every reader: a scrape that counted the jobs would
+        # wait for the lock and time out; one that reads the sample answers.
         durations = []
-        for _ in range(7):
-            started = time.perf_counter()
-            assert worker.get("/metrics").status_code == 200
-            durations.append(time.perf_counter() - started)
+        with psycopg.connect(database_url) as locker:
+            locker.execute(
+                "LOCK TABLE awa.active_jobs, awa.held_jobs, awa.done_jobs IN ACCESS EXCLUSIVE MODE"
+            )
+            for _ in range(7):
+                started = time.perf_counter()
+                response = worker.get("/metrics")
+                durations.append(time.perf_counter() - started)
+                assert response.status_code == 200
+                depth = total(
+                    samples(response.text),
+                    "awa_queue_depth",
+                    awa_job_queue="backlog",
+                    awa_job_state="available",
+                )
+                assert depth == 1_000_000
+            locker.rollback()
     finally:
         worker.stop()
         conn.execute("TRUNCATE awa.active_jobs")
+    # A figure for the reader, not a pass mark (timings belong to the benchmarks).
     print(f"scrape beside 1,000,000 jobs: median {statistics.median(durations) * 1000:.1f} ms")
-    assert statistics.median(durations) < 0.1, durations
 
 
 def wait_for_sync(predicate: Any, timeout: float) -> None:

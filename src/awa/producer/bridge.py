@@ -186,6 +186,8 @@ def _no_copy(step: Statement[Any] | CopyStatement | Notifications) -> Statement[
 
 
 def _named(step: Statement[Any]) -> Mapping[str, Any]:
+    if step.params is None:  # a statement without parameters (the depth limits' read)
+        return {}
     if not isinstance(step.params, Mapping):
         raise TypeError("awa.bridge runs statements with named parameters only")
     return step.params
