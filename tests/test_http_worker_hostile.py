@@ -5,6 +5,7 @@ within its limits; none holds the worker or its memory."""
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections.abc import Callable
 from typing import BinaryIO
@@ -18,6 +19,9 @@ from helpers_worker import queue, start, wait_for_state
 from jobs_helpers import Conn
 
 QUEUE = "hostile"
+# Lets a function that holds its connection open go once the test has its answer (the
+# server's handler thread is joined when the test ends).
+DONE = threading.Event()
 
 
 @dataclasses.dataclass
@@ -35,7 +39,7 @@ def endless_chunks(wire: BinaryIO) -> None:
 def huge_declared_length(wire: BinaryIO) -> None:
     wire.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10000000000\r\n\r\n")
     wire.flush()
-    time.sleep(5)  # and never sends it
+    DONE.wait(5)  # and never sends it
 
 
 def trickle(wire: BinaryIO) -> None:
@@ -68,13 +72,17 @@ async def test_a_hostile_answer_ends_the_attempt_within_its_limits(
     state: str,
     message: str,
 ) -> None:
+    DONE.clear()
     with FunctionServer(lambda request: Answer(raw=raw)) as function:
         handler = HttpHandler(function.url, timeout=1, max_response_bytes=65536)
         client.task(Ping, queue=QUEUE)(handler)
         job = await client.insert(Ping(), queue=QUEUE)
         began = time.monotonic()
         await start(client, queue(QUEUE))
-        row = await wait_for_state(conn, job.id, state)
+        try:
+            row = await wait_for_state(conn, job.id, state)
+        finally:
+            DONE.set()
         took = time.monotonic() - began
     assert message in row["errors"][-1]["error"]
     assert took < 5
