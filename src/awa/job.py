@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import datetime as dt
 import inspect
 import math
@@ -13,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Protocol
 
 from awa.errors import CallbackWaitError, ValidationError
 from awa.lifecycle import finalization, staging
+from awa.lifecycle.claimed_row import ROW_INDEX, ClaimedRow
 from awa.model import JobRow, JobState
 from awa.observability.tracing import TRACEPARENT
 from awa.outcomes import CallbackToken
@@ -49,9 +49,7 @@ class AttemptServices(finalization.FinalizeServices, Protocol):
 
 
 CALLBACK_RESULT_KEY = "_awa_callback_result"
-_ROW_FIELDS = tuple(field.name for field in dataclasses.fields(JobRow))
-_ROW_INDEX = {name: index for index, name in enumerate(_ROW_FIELDS)}
-_STATE = _ROW_INDEX["state"]
+_STATE = ROW_INDEX["state"]
 _NO_REST: tuple[Any, ...] = (None,) * 11
 
 
@@ -250,7 +248,7 @@ class Job(Generic[A]):
 
         The row fills its other columns on first use: a hook that reads only the job's id,
         kind, queue, state or attempt costs no conversion of timestamps and JSON."""
-        return _ClaimedRow.of(self, state, changes)
+        return ClaimedRow.of(self, state, changes)
 
     def _row_values(self, state: JobState, changes: dict[str, Any]) -> list[Any]:
         base = self._row_base
@@ -259,7 +257,7 @@ class Job(Generic[A]):
         values = list(base)
         values[_STATE] = state
         for name, value in changes.items():
-            values[_ROW_INDEX[name]] = value
+            values[ROW_INDEX[name]] = value
         return values
 
     def _claimed_row_values(self) -> list[Any]:
@@ -575,60 +573,3 @@ class Job(Generic[A]):
             f"Job(id={self.id}, kind={self.kind!r}, queue={self.queue!r}, "
             f"attempt={self.attempt}/{self.max_attempts})"
         )
-
-
-class _ClaimedRow(JobRow):
-    """A JobRow taken from an attempt's claimed row (``Job.snapshot``). Its id, kind, queue,
-    priority, attempts and run lease, what the attempt may change (errors, metadata, tags,
-    progress: copied now),
-    the state and the changes given are set at once; the others, which stay as claimed
-    (timestamps to convert, args, unique and callback columns), on the first read of any of
-    them (an unset slot raises AttributeError, which calls ``__getattr__``). Compares equal
-    to a JobRow with the same values."""
-
-    __slots__ = ("_changes", "_source")
-
-    _source: Job[Any]
-    _changes: dict[str, Any]
-
-    @classmethod
-    def of(cls, job: Job[Any], state: JobState, changes: dict[str, Any]) -> JobRow:
-        row: _ClaimedRow = cls.__new__(cls)
-        row.id = job.id
-        row.kind = job.kind
-        row.queue = job.queue
-        row.priority = job.priority
-        row.attempt = job.attempt
-        row.max_attempts = job.max_attempts
-        row.run_lease = job.run_lease
-        row.state = state
-        row.errors = list(job._errors) if job._errors else []
-        row.metadata = dict(job._metadata) if job._metadata else {}
-        row.tags = list(job.tags)
-        row.progress = job._progress
-        for name, value in changes.items():
-            setattr(row, name, value)
-        row._source = job
-        row._changes = changes
-        return row
-
-    def __getattr__(self, name: str) -> Any:
-        if name not in _ROW_INDEX:
-            raise AttributeError(name)
-        self._fill()
-        return object.__getattribute__(self, name)
-
-    def _fill(self) -> None:
-        values = self._source._row_values(self.state, self._changes)
-        for name, value in zip(_ROW_FIELDS, values, strict=True):
-            try:
-                object.__getattribute__(self, name)
-            except AttributeError:
-                setattr(self, name, value)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, JobRow):
-            return NotImplemented
-        return all(getattr(self, name) == getattr(other, name) for name in _ROW_FIELDS)
-
-    __hash__ = None  # type: ignore[assignment]  # mutable, like JobRow
