@@ -45,7 +45,9 @@ def kill_point(job: awa.Job[Charge]) -> str | None:
     last = int(os.environ.get("KILL_ATTEMPTS", "3"))
     if job.attempt > last or chance.random() >= float(os.environ["KILL_RATE"]):
         return None
-    return chance.choice(POINTS)
+    if job.args.n % 2 == 0:  # finalize(): no moment between the completion and its COMMIT
+        return chance.choice([point for point in POINTS if point != "written"])
+    return chance.choice([*POINTS, "written"])  # the moment only these jobs have, twice
 
 
 def die(url: str, job: awa.Job[Charge], point: str) -> None:
