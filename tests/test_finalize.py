@@ -477,3 +477,42 @@ async def test_the_test_client_runs_a_handler_that_completes_in_its_transaction(
     assert result.outcome == "completed"
     assert result.job.id == row.id
     assert ledger_rows(ledger) == [(row.id, 9)]
+
+
+async def test_the_finalize_block_owns_its_commit_and_rollback(
+    client: awa.AsyncClient, ledger: Conn
+) -> None:
+    """Committing inside the block would commit the writes without the completion: refused,
+    and the block (which then raises) rolls everything back. The rest of the transaction's
+    API works inside it."""
+    refused: list[str] = []
+
+    @client.task(Charge)
+    async def charge(job: awa.Job[Charge]) -> None:
+        if job.args.n == 1:
+            try:
+                async with job.finalize() as tx:
+                    await tx.execute("INSERT INTO ledger VALUES (%s, %s)", job.id, 1)
+                    for end in (tx.commit, tx.rollback):
+                        try:
+                            await end()
+                        except awa.AwaError as error:
+                            refused.append(str(error))
+                    raise RuntimeError("give up the block")
+            except RuntimeError:
+                return None  # completes on the batched path, without the rolled-back write
+        async with job.finalize() as tx:
+            await tx.execute("INSERT INTO ledger VALUES (%s, %s)", job.id, 2)
+            count = await tx.fetch_one("SELECT count(*) AS n FROM ledger WHERE n = 2")
+            assert count == {"n": 1}
+            await tx.insert_many([Receipt(1), Receipt(2)], queue="receipts")
+
+    first = await client.insert(Charge(1))
+    second = await client.insert(Charge(2))
+    await start(client, queue())
+    await wait_for_state(ledger, first.id, "completed")
+    await wait_for_state(ledger, second.id, "completed")
+    assert refused[0].startswith("job.finalize() commits when its block ends")
+    assert refused[1] == "job.finalize() rolls back when its block raises: raise instead"
+    assert ledger_rows(ledger) == [(second.id, 2)]
+    assert len(jobs_of_kind(ledger, "receipt")) == 2

@@ -21,9 +21,9 @@ import asyncio
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, cast
 
-from awa.errors import AttemptLost, StagingError, ValidationError
+from awa.errors import AttemptLost, AwaError, StagingError, ValidationError
 from awa.lifecycle import staging
 from awa.lifecycle.followups import (
     FollowUpRegistry,
@@ -94,19 +94,57 @@ def require_transaction(conn: Any, name: str) -> None:
         )
 
 
-class OwnTransaction(Protocol):
-    """The transaction ``job.finalize()`` opens (an ``awa.Transaction``)."""
+class OwnTransaction:
+    """The transaction ``job.finalize()`` opens: an ``awa.Transaction`` (``execute``,
+    ``fetch_all``, ``fetch_optional``, ``fetch_one``, ``insert``, ``insert_many``,
+    ``insert_workflow``, ``insert_batch``, ``connection``) whose end belongs to the block:
+    ``commit()`` and ``rollback()`` raise, since committing early would commit the writes
+    without the completion."""
+
+    __slots__ = ("_tx",)
+
+    def __init__(self, tx: Any) -> None:
+        self._tx = tx
 
     @property
-    def connection(self) -> Any: ...
+    def connection(self) -> Any:
+        """The underlying psycopg ``AsyncConnection``, for statements beyond this API."""
+        return self._tx.connection
 
-    async def execute(self, query: str, *params: Any) -> int: ...
+    async def execute(self, query: str, *params: Any) -> int:
+        """Run a statement; the number of rows it affected (as ``Transaction.execute``)."""
+        return int(await self._tx.execute(query, *params))
 
-    async def fetch_all(self, query: str, *params: Any) -> list[dict[str, Any]]: ...
+    async def fetch_all(self, query: str, *params: Any) -> list[dict[str, Any]]:
+        return cast(list[dict[str, Any]], await self._tx.fetch_all(query, *params))
 
-    async def fetch_optional(self, query: str, *params: Any) -> dict[str, Any] | None: ...
+    async def fetch_optional(self, query: str, *params: Any) -> dict[str, Any] | None:
+        return cast(dict[str, Any] | None, await self._tx.fetch_optional(query, *params))
 
-    async def insert(self, args: Any, **kwargs: Any) -> JobRow: ...
+    async def fetch_one(self, query: str, *params: Any) -> dict[str, Any]:
+        return cast(dict[str, Any], await self._tx.fetch_one(query, *params))
+
+    async def insert(self, args: Any, **kwargs: Any) -> JobRow:
+        """Insert a job in this transaction (an outbox job: it exists once this commits)."""
+        return cast(JobRow, await self._tx.insert(args, **kwargs))
+
+    async def insert_many(self, jobs: Any, **kwargs: Any) -> list[JobRow]:
+        return cast(list[JobRow], await self._tx.insert_many(jobs, **kwargs))
+
+    async def insert_workflow(self, workflow: Any) -> Any:
+        return await self._tx.insert_workflow(workflow)
+
+    async def insert_batch(self, members: Any, *, on_complete: Any, **options: Any) -> Any:
+        return await self._tx.insert_batch(members, on_complete=on_complete, **options)
+
+    async def commit(self) -> None:
+        raise AwaError(
+            "job.finalize() commits when its block ends, with the completion: a commit "
+            "inside the block would commit the writes without it"
+        )
+
+    async def rollback(self) -> None:
+        raise AwaError("job.finalize() rolls back when its block raises: raise instead")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -253,11 +291,11 @@ def complete_sync(
 
 
 @contextlib.asynccontextmanager
-async def owned(job: FinalizingJob, services: FinalizeServices) -> AsyncIterator[Any]:
+async def owned(job: FinalizingJob, services: FinalizeServices) -> AsyncIterator[OwnTransaction]:
     """``job.finalize()``: a transaction on the client's pool that writes the completion
     when the block ends normally, then commits (a block that raises rolls back)."""
     async with services.transaction() as tx:
-        yield tx
+        yield OwnTransaction(tx)
         run = statement_runner_async(tx.connection, "job.finalize")
         await complete_async(run, job, services.follow_ups)
     record = job._finalization
