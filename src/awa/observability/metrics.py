@@ -66,6 +66,7 @@ staged_follow_ups_committed = _meter.create_counter(
     unit="{job}",
     description="Handler-staged follow-ups of committed completions, by awa.follow_up.result",
 )
+FINALIZE_RESULT = "awa.finalize.result"
 own_transaction_completions = _meter.create_counter(
     "awa.job.own_transaction_completions",
     unit="{job}",

@@ -44,9 +44,6 @@ from awa.worker.results import Outcome
 log = logging.getLogger("awa.worker")
 
 
-FINALIZE_RESULT = "awa.finalize.result"
-
-
 def count_own_follow_ups(job: Job[Any], record: Finalization) -> None:
     """Count the follow-ups a completion in the handler's transaction inserted."""
     registered = record.registered
@@ -140,7 +137,11 @@ class OutcomeCommits:
         row = record.row if record.committed else await self._evidence(job)
         found = verdict(row, job.run_lease)
         result = "not_committed" if found == "open" else found
-        attributes = {metrics.KIND: job.kind, metrics.QUEUE: job.queue, FINALIZE_RESULT: result}
+        attributes = {
+            metrics.KIND: job.kind,
+            metrics.QUEUE: job.queue,
+            metrics.FINALIZE_RESULT: result,
+        }
         metrics.own_transaction_completions.add(1, attributes)
         if row is not None and found == "committed":
             if not isinstance(outcome, results.Completed):
