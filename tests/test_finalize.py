@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 import awa
-from awa.testing import AwaTestClient
+from awa.testing import AwaTestClient, HandlerJob
 from helpers_lifecycle import Recorder, counter_value, hooks_idle, jobs_of_kind, metric_reader
 from helpers_worker import queue, start, wait_for, wait_for_state
 from jobs_helpers import Conn, must_job_row
@@ -516,3 +516,14 @@ async def test_the_finalize_block_owns_its_commit_and_rollback(
     assert refused[1] == "job.finalize() rolls back when its block raises: raise instead"
     assert ledger_rows(ledger) == [(second.id, 2)]
     assert len(jobs_of_kind(ledger, "receipt")) == 2
+
+
+async def test_a_handler_job_points_to_the_test_client() -> None:
+    """A unit-test job has no database: the completion forms say where to run such a
+    handler."""
+    job = HandlerJob(Charge(1))
+    with pytest.raises(RuntimeError, match="run the handler with AwaTestClient"):
+        async with job.finalize():
+            pass
+    with pytest.raises(RuntimeError, match=r"complete_in\(\) writes the completion"):
+        await job.complete_in(object())

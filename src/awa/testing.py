@@ -537,3 +537,11 @@ class HandlerJob(Job[A], Generic[A]):
 
     def flush_progress_sync(self) -> None:
         self.progress_flushes.append(self._progress)
+
+    def _require_services(self, name: str) -> Any:
+        if name in ("finalize", "complete_in", "complete_in_sync"):
+            raise RuntimeError(
+                f"{name}() writes the completion in a database transaction, which a "
+                "HandlerJob does not have: run the handler with AwaTestClient"
+            )
+        return super()._require_services(name)
