@@ -3,7 +3,7 @@
 # Looks for $AWA_CHROMIUM, then chromium, chromium-browser, google-chrome and
 # google-chrome-stable on PATH. None there and running as root with apt-get: installs
 # Debian's chromium package (AWA_BROWSER_INSTALL=0 turns that off). Still none: says in one
-# line that the browser tests will be skipped and how to install it. Exports AWA_CHROMIUM
+# line that the browser tests will fail and how to install it. Exports AWA_CHROMIUM
 # when it finds one.
 browser_tests="tests/test_ui_browser.py"
 
@@ -32,5 +32,5 @@ fi
 if [ -n "$chromium_path" ]; then
     export AWA_CHROMIUM="$chromium_path"
 else
-    echo "no Chromium found: $browser_tests will be skipped (install one, e.g. apt-get install chromium, or set AWA_CHROMIUM)" >&2
+    echo "no Chromium found: $browser_tests will fail (install one, e.g. apt-get install chromium, or set AWA_CHROMIUM)" >&2
 fi

@@ -103,7 +103,7 @@ async def test_close_gives_back_what_no_flush_committed(database_url: str) -> No
 
     async def hang(conn: psycopg.AsyncConnection[Any], batch: list[Pending]) -> list[Done]:
         started.set()
-        await asyncio.sleep(3600)
+        await asyncio.Event().wait()  # never set: only close() ends it, by cancelling it
         return []
 
     completer = CompletionBatcher(

@@ -24,9 +24,17 @@ from awa.storage.embedded import DATA_DIR_ENV, SERVER_USER, embedded_database_ur
 from helpers_embedded import env_without_database, throwaway_data_dir
 
 AWA = Path(sys.executable).with_name("awa")
-as_root = pytest.mark.skipif(
-    not hasattr(os, "geteuid") or os.geteuid() != 0, reason="checks what awa does as root"
-)
+
+
+@pytest.fixture
+def running_as_root() -> None:
+    """These tests check what awa does as root (the server runs as another user): run the
+    suite as root, as CI does; elsewhere they fail rather than check nothing."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        pytest.fail("this test checks what awa does as root: run the suite as root (CI does)")
+
+
+as_root = pytest.mark.usefixtures("running_as_root")
 
 
 def cli(*args: str, env: dict[str, str | None]) -> Result:

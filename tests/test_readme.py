@@ -60,7 +60,7 @@ def test_readme_names_the_two_commands() -> None:
     assert ". scripts/_venv.sh dev\n" in test
     assert ". scripts/_browser.sh\n" in test
     commands = readme[readme.index("## Two commands") : readme.index("## Delivery contract")]
-    for promise in ("embedded", "dev", "Chromium", "skipped"):
+    for promise in ("embedded", "dev", "Chromium", "will fail", "as root"):
         assert promise in commands, promise
 
 
@@ -113,16 +113,16 @@ def test_test_command_installs_debian_chromium_as_root(tmp_path: Path) -> None:
     ]
 
 
-def test_test_command_without_chromium_says_the_browser_tests_are_skipped(
+def test_test_command_without_chromium_says_the_browser_tests_will_fail(
     tmp_path: Path,
 ) -> None:
     """No browser and no install (not root, no apt-get, or AWA_BROWSER_INSTALL=0): one
-    line naming the skipped tests and how to install a browser."""
+    line naming the tests that will fail and how to install a browser."""
     result = _source_browser_script(str(tmp_path), tmp_path)
     assert result.stdout == "found=\n"
     lines = result.stderr.splitlines()
     assert len(lines) == 1
-    assert "tests/test_ui_browser.py will be skipped" in lines[0]
+    assert "tests/test_ui_browser.py will fail" in lines[0]
     assert "apt-get install chromium" in lines[0]
 
 
