@@ -157,14 +157,7 @@ class _Closures:
     decoded: Any
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Lost:
-    """A step that makes the server abort the transaction: the attempt is gone."""
-
-    statement: Statement[None]
-
-
-_Step = Statement[Any] | CopyStatement | Notifications | _Closures | _Lost
+_Step = Statement[Any] | CopyStatement | Notifications | _Closures
 
 Verdict = Literal["committed", "open", "lost"]
 
@@ -203,8 +196,12 @@ def _steps(job: FinalizingJob, registry: FollowUpRegistry) -> Generator[_Step, A
     output = staging.output_json(job)
     row = yield Statement(query("complete_job"), {**guard, "output": output}, _row)
     if row is None:
-        yield _Lost(Statement(query("attempt_lost"), guard, lambda rows: None))
-        raise AttemptLost(job.id, job.run_lease)  # the step raised already
+        # The attempt is gone: make the server abort the transaction (the statement raises).
+        try:
+            yield Statement(query("attempt_lost"), guard, lambda rows: None)
+        except Exception as error:
+            raise AttemptLost(job.id, job.run_lease) from error
+        raise AttemptLost(job.id, job.run_lease)
     registered = SkippingInsert([], [])
     specs = registry.specs(Trigger.COMPLETED, job.kind)
     if specs:
@@ -222,12 +219,6 @@ def _row(rows: list[dict[str, Any]]) -> JobRow | None:
     return JobRow.from_record(rows[0]) if rows else None
 
 
-def _lost(job: FinalizingJob, error: BaseException) -> AttemptLost:
-    lost = AttemptLost(job.id, job.run_lease)
-    lost.__cause__ = error
-    return lost
-
-
 def _closures(step: _Closures) -> Coroutine[Any, Any, Any]:
     context = TriggerContext(Trigger.COMPLETED)
     return prepare_follow_ups(step.specs, step.row, context, step.rules, step.decoded)
@@ -237,27 +228,21 @@ async def complete_async(
     run: Callable[[Any], Awaitable[Any]], job: FinalizingJob, registry: FollowUpRegistry
 ) -> Finalization:
     """Write this attempt's completion with ``run`` (statements on the caller's open
-    transaction); raises AttemptLost when the attempt is gone."""
+    transaction); raises AttemptLost when the attempt is gone. A step's error is thrown
+    back into the flow, which decides what it means."""
     flow = _steps(job, registry)
-    result: Any = None
-    while True:
-        try:
-            step = flow.send(result)
-        except StopIteration as stop:
-            record: Finalization = stop.value
-            break
-        if isinstance(step, _Closures):
-            result = await _closures(step)
-        elif isinstance(step, _Lost):
+    step = next(flow)
+    try:
+        while True:
             try:
-                await run(step.statement)
+                result = await (_closures(step) if isinstance(step, _Closures) else run(step))
             except Exception as error:
-                raise _lost(job, error) from error
-            result = None
-        else:
-            result = await run(step)
-    job._finalization = record
-    return record
+                step = flow.throw(error)
+            else:
+                step = flow.send(result)
+    except StopIteration as stop:
+        job._finalization = stop.value
+        return cast(Finalization, stop.value)
 
 
 def complete_sync(
@@ -269,25 +254,21 @@ def complete_sync(
     """Blocking twin of :func:`complete_async`, for ``def`` handlers in a worker thread (the
     specs' closures run on the event loop, as they do for the worker)."""
     flow = _steps(job, registry)
-    result: Any = None
-    while True:
-        try:
-            step = flow.send(result)
-        except StopIteration as stop:
-            record: Finalization = stop.value
-            break
-        if isinstance(step, _Closures):
-            result = asyncio.run_coroutine_threadsafe(_closures(step), loop).result()
-        elif isinstance(step, _Lost):
+    step = next(flow)
+    try:
+        while True:
             try:
-                run(step.statement)
+                if isinstance(step, _Closures):
+                    result = asyncio.run_coroutine_threadsafe(_closures(step), loop).result()
+                else:
+                    result = run(step)
             except Exception as error:
-                raise _lost(job, error) from error
-            result = None
-        else:
-            result = run(step)
-    job._finalization = record
-    return record
+                step = flow.throw(error)
+            else:
+                step = flow.send(result)
+    except StopIteration as stop:
+        job._finalization = stop.value
+        return cast(Finalization, stop.value)
 
 
 @contextlib.asynccontextmanager
