@@ -8,9 +8,9 @@ import asyncio
 import collections
 import datetime as dt
 import logging
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import psycopg
 
@@ -42,6 +42,7 @@ from awa.worker.registry import TaskRegistry
 from awa.worker.results import Outcome
 
 log = logging.getLogger("awa.worker")
+T = TypeVar("T")
 
 
 def count_own_follow_ups(job: Job[Any], record: Finalization) -> None:
@@ -114,7 +115,7 @@ class OutcomeCommits:
             )
             return
         log_outcome(job, committed.outcome, committed.row)
-        count_outcome(committed.row, committed.outcome or results.Completed(0.0))
+        count_outcome(committed.row, committed.outcome)
         if committed.row.state is JobState.COMPLETED:
             self.completed += 1
         if committed.event is not None:
@@ -168,21 +169,13 @@ class OutcomeCommits:
         self._settled(job, None)  # stale, or unknown at shutdown: rescue decides
 
     async def _evidence(self, job: Job[Any]) -> JobRow | None:
-        """The job's row now (None: deleted, or unknown because the worker is shutting down
-        while the database is unreachable), retried while the database is unreachable."""
-        statement = evidence_statement(job.id)
-        delay = 0.05
-        while True:
-            try:
-                async with self._host.connection() as conn:
-                    return await run_async(conn, statement)
-            except DatabaseError as error:
-                if self._interrupting.is_set():
-                    log.warning("job %s: its completion is unconfirmed (%s)", job.id, error)
-                    return None
-                self._save_failures.failed(error, then="retrying; the jobs keep their heartbeat")
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+        """The job's row now (None: deleted, or unknown because the worker shut down while
+        the database was unreachable)."""
+
+        async def read(conn: psycopg.AsyncConnection[Any]) -> JobRow | None:
+            return await run_async(conn, evidence_statement(job.id))
+
+        return await self._while_unreachable(job, read, "its completion is unconfirmed")
 
     async def _commit(
         self,
@@ -220,22 +213,33 @@ class OutcomeCommits:
         """One commit, retried while the database is unreachable (the attempt keeps its
         heartbeat meanwhile); None when stale or given up at shutdown. A failing follow-up
         raises FollowUpError."""
+        task = self.registry.get(job.kind)
+        retry = task.retry if task is not None and task.retry is not None else queue.retry
+
+        async def commit(conn: psycopg.AsyncConnection[Any]) -> Committed | None:
+            return await self._finalizer.commit(conn, job, outcome, retry, follow_ups=follow_ups)
+
+        return await self._while_unreachable(job, commit, "outcome not saved")
+
+    async def _while_unreachable(
+        self,
+        job: Job[Any],
+        work: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]],
+        given_up: str,
+    ) -> T | None:
+        """``work`` on a pooled connection, retried with backoff while the database is
+        unreachable (the attempt keeps its heartbeat meanwhile); None when the worker is
+        shutting down meanwhile (rescue finishes the attempt)."""
         delay = 0.05
         while True:
             try:
-                task = self.registry.get(job.kind)
-                retry = task.retry if task is not None and task.retry is not None else queue.retry
                 async with self._host.connection() as conn:
-                    committed = await self._finalizer.commit(
-                        conn, job, outcome, retry, follow_ups=follow_ups
-                    )
+                    done = await work(conn)
                 self._save_failures.succeeded()
-                return committed
+                return done
             except DatabaseError as error:
                 if self._interrupting.is_set():
-                    log.warning(
-                        "job %s: outcome not saved (%s); rescue will retry it", job.id, error
-                    )
+                    log.warning("job %s: %s (%s); rescue will retry it", job.id, given_up, error)
                     return None
                 self._save_failures.failed(error, then="retrying; the jobs keep their heartbeat")
                 await asyncio.sleep(delay)

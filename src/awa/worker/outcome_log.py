@@ -97,7 +97,7 @@ def log_outcome(job: Job[Any], outcome: results.Outcome | None, row: JobRow) -> 
             log.debug("%s attempt %s: now %s", who, attempts, state.value, extra=fields)
 
 
-def count_outcome(row: JobRow, outcome: results.Outcome) -> None:
+def count_outcome(row: JobRow, outcome: results.Outcome | None) -> None:
     """Count a committed outcome by the state it left the job in."""
     attributes = {metrics.KIND: row.kind, metrics.QUEUE: row.queue}
     match row.state:
