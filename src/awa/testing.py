@@ -32,7 +32,7 @@ from awa.core.kinds import args_to_json_value, derive_kind
 from awa.errors import CallbackWaitError, ValidationError
 from awa.job import CALLBACK_RESULT_KEY, Job
 from awa.lifecycle import finalization
-from awa.lifecycle.events import Completed, JobEvent, Started
+from awa.lifecycle.events import JobEvent, Started
 from awa.lifecycle.followups import FollowUpError, FollowUpRegistry
 from awa.lifecycle.hooks import is_async_callable
 from awa.model import JobRow, JobState, check_name
@@ -49,6 +49,7 @@ from awa.worker.finalizer import (
     Finalizer,
     batched_completed_event,
     commit_or_record_failure,
+    settle_own_transaction,
 )
 from awa.worker.maintenance import promotion_duty
 from awa.worker.registry import Task
@@ -345,28 +346,22 @@ class AwaTestClient:
     async def _settle_own_transaction(
         self, job: Job[Any], outcome: results.Outcome
     ) -> WorkResult | results.Outcome:
-        """As the runtime does (``OutcomeCommits._settle_own_transaction``): the row decides.
-        A result when the attempt is over, else the outcome left to commit."""
+        """As the runtime settles it (``settle_own_transaction``): a result when the attempt
+        is over, else the outcome left to commit."""
         record = job._finalization
         assert record is not None
         row: JobRow | None = record.row
         if not record.committed:
             async with self._client.connection() as conn:
                 row = await run_async(conn, finalization.evidence_statement(job.id))
-        found = finalization.verdict(row, job.run_lease)
-        if found == "open":
-            job._finalization = None
-            if isinstance(outcome, results.Completed):
-                return results.Retry(error=finalization.NOT_COMMITTED)
-            return outcome
-        if row is None or found == "lost":
+        settled = settle_own_transaction(job, outcome, row)
+        if isinstance(settled, results.Outcome):
+            return settled
+        if settled is None:
             return WorkResult("stale", await self.get_job(job.id))
-        duration = outcome.duration if isinstance(outcome, results.Completed) else 0.0
-        event = Completed(row, job._args, dt.timedelta(seconds=duration), row.output)
-        hooks = self._client.hook_dispatcher
-        if hooks.wants(job.kind):
-            await hooks.dispatch_and_wait(event)
-        return WorkResult("completed", row, None, event, tuple(record.follow_ups))
+        if settled.event is not None and self._client.hook_dispatcher.wants(job.kind):
+            await self._client.hook_dispatcher.dispatch_and_wait(settled.event)
+        return WorkResult("completed", settled.row, None, settled.event, tuple(settled.follow_ups))
 
     async def _commit(
         self, job: Job[Any], outcome: results.Outcome, follow_ups: bool

@@ -19,8 +19,8 @@ from awa.errors import AwaError, DatabaseError
 from awa.job import Job
 from awa.lifecycle.dependents import fire_cancelled_dependents, may_have_cancelled_dependents
 from awa.lifecycle.events import Completed, JobEvent
-from awa.lifecycle.finalization import NOT_COMMITTED, Finalization, evidence_statement, verdict
-from awa.lifecycle.followups import FollowUpError, Trigger, count_follow_ups
+from awa.lifecycle.finalization import evidence_statement
+from awa.lifecycle.followups import FollowUpError
 from awa.lifecycle.hooks import HookDispatcher
 from awa.model import JobRow, JobState
 from awa.observability import metrics
@@ -35,7 +35,7 @@ from awa.worker.finalizer import (
     Finalizer,
     batched_completed_event,
     commit_or_record_failure,
-    count_staged,
+    settle_own_transaction,
 )
 from awa.worker.outcome_log import count_outcome, job_fields, log_outcome
 from awa.worker.registry import TaskRegistry
@@ -43,17 +43,6 @@ from awa.worker.results import Outcome
 
 log = logging.getLogger("awa.worker")
 T = TypeVar("T")
-
-
-def count_own_follow_ups(job: Job[Any], record: Finalization) -> None:
-    """Count the follow-ups a completion in the handler's transaction inserted."""
-    registered = record.registered
-    if registered.inserted or registered.duplicates:
-        inserted, duplicates = len(registered.inserted), len(registered.duplicates)
-        count_follow_ups(job.kind, Trigger.COMPLETED, inserted, duplicates)
-    if record.staged is not None:
-        staged = record.staged
-        count_staged(job.kind, job.queue, len(staged.inserted), len(staged.duplicates))
 
 
 class _Connections(Protocol):
@@ -127,46 +116,17 @@ class OutcomeCommits:
     async def _settle_own_transaction(
         self, job: Job[Any], outcome: Outcome, queue: QueueConfig
     ) -> None:
-        """End an attempt whose handler wrote its completion in its own transaction
-        (``job.finalize()``, ``job.complete_in()``): what the database holds decides. A
-        completion under this lease is accepted whatever the handler did next (hooks fire
-        now, after the commit); an attempt still running under it did not commit, so the
-        handler's outcome is committed as usual, a completion becoming a retry; anything
-        else means the attempt was rescued or cancelled first (stale)."""
+        """End an attempt whose handler wrote its completion in its own transaction: the
+        job's row decides (``settle_own_transaction``). A completion awa committed itself
+        needs no read."""
         record = job._finalization
         assert record is not None
         row = record.row if record.committed else await self._evidence(job)
-        found = verdict(row, job.run_lease)
-        result = "not_committed" if found == "open" else found
-        attributes = {
-            metrics.KIND: job.kind,
-            metrics.QUEUE: job.queue,
-            metrics.FINALIZE_RESULT: result,
-        }
-        metrics.own_transaction_completions.add(1, attributes)
-        if row is not None and found == "committed":
-            if not isinstance(outcome, results.Completed):
-                log.warning(
-                    "job %s (kind %s): its completion committed in the handler's transaction, "
-                    "then the handler ended with %s; the job stays completed",
-                    job.id,
-                    job.kind,
-                    type(outcome).__name__,
-                    extra=job_fields(job),
-                )
-            duration = outcome.duration if isinstance(outcome, results.Completed) else 0.0
-            count_own_follow_ups(job, record)
-            event = Completed(row, job._args, dt.timedelta(seconds=duration), row.output)
-            completed = results.Completed(duration)
-            self._settled(job, Committed(row, event, record.follow_ups, record.staged, completed))
-            return
-        if found == "open":
-            job._finalization = None
-            if isinstance(outcome, results.Completed):
-                outcome = results.Retry(error=NOT_COMMITTED)
-            await self._commit_alone(job, outcome, queue)
-            return
-        self._settled(job, None)  # stale, or unknown at shutdown: rescue decides
+        settled = settle_own_transaction(job, outcome, row)
+        if isinstance(settled, results.Outcome):
+            await self._commit_alone(job, settled, queue)
+        else:
+            self._settled(job, settled)  # None: stale, or unknown at shutdown (rescue decides)
 
     async def _evidence(self, job: Job[Any]) -> JobRow | None:
         """The job's row now (None: deleted, or unknown because the worker shut down while

@@ -22,6 +22,7 @@ import psycopg
 
 from awa.errors import DatabaseError, SchemaNotMigrated, UniqueConflict
 from awa.job import Job
+from awa.lifecycle import finalization
 from awa.lifecycle.events import (
     Cancelled,
     Completed,
@@ -35,6 +36,7 @@ from awa.lifecycle.followups import (
     FollowUpRegistry,
     Trigger,
     TriggerContext,
+    count_follow_ups,
     follow_up_flow,
     insert_follow_ups,
 )
@@ -46,6 +48,7 @@ from awa.storage.db import Flow, Statement, drive_async, run_async
 from awa.worker import results
 from awa.worker.completer import outcome_statement, progress_param
 from awa.worker.config import RetryPolicy
+from awa.worker.outcome_log import job_fields
 
 log = logging.getLogger("awa.worker")
 
@@ -358,6 +361,50 @@ class Finalizer:
                     staged = await drive_async(conn, follow_up_flow(jobs))
                 follow_ups.extend(staged.inserted)
         return _Transition(row, follow_ups, staged)
+
+
+def settle_own_transaction(
+    job: Job[Any], outcome: results.Outcome, row: JobRow | None
+) -> Committed | results.Outcome | None:
+    """What a completion written in the handler's own transaction (``job.finalize()``,
+    ``job.complete_in()``) came to, told by the job's row now: Committed when it committed
+    under this lease (accepted whatever the handler did next); the outcome left to commit
+    when the attempt still runs under it (the transaction did not commit: a normal return
+    becomes a retry saying so); None when a rescue or a cancel took the attempt first."""
+    record = job._finalization
+    assert record is not None
+    found = finalization.verdict(row, job.run_lease)
+    result = "not_committed" if found == "open" else found
+    attributes = {metrics.KIND: job.kind, metrics.QUEUE: job.queue}
+    metrics.own_transaction_completions.add(1, {**attributes, metrics.FINALIZE_RESULT: result})
+    if found == "open":
+        job._finalization = None
+        if isinstance(outcome, results.Completed):
+            return results.Retry(error=finalization.NOT_COMMITTED)
+        return outcome
+    if row is None or found == "lost":
+        return None
+    if not isinstance(outcome, results.Completed):
+        log.warning(
+            "job %s (kind %s): its completion committed in the handler's transaction, then "
+            "the handler ended with %s; the job stays completed",
+            job.id,
+            job.kind,
+            type(outcome).__name__,
+            extra=job_fields(job),
+        )
+    duration = outcome.duration if isinstance(outcome, results.Completed) else 0.0
+    registered = record.registered
+    if registered.inserted or registered.duplicates:
+        count_follow_ups(
+            job.kind, Trigger.COMPLETED, len(registered.inserted), len(registered.duplicates)
+        )
+    if record.staged is not None:
+        staged = record.staged
+        count_staged(job.kind, job.queue, len(staged.inserted), len(staged.duplicates))
+    event = Completed(row, job._args, dt.timedelta(seconds=duration), row.output)
+    done = results.Completed(duration)
+    return Committed(row, event, record.follow_ups, record.staged, done)
 
 
 def count_staged(kind: str, queue: str, inserted: int, duplicates: int) -> None:
