@@ -239,10 +239,11 @@ class DepthLimits:
         ``queues`` are known, else (COPY, inside a transaction) after it with the queues of
         the rows it returns."""
         if isinstance(call, Autocommit):
-            return Autocommit(self._guarded(call.flow, queues))
-        return self._guarded(cast(Flow[R], call), queues)
+            return Autocommit(self.guard_flow(call.flow, queues))
+        return self.guard_flow(cast(Flow[R], call), queues)
 
-    def _guarded(self, flow: Flow[R], queues: Sequence[str] | None) -> Flow[R]:
+    def guard_flow(self, flow: Flow[R], queues: Sequence[str] | None) -> Flow[R]:
+        """``flow`` (an insert) checked against the limits (see ``guard``)."""
         if self.due():
             yield from self.refresh_flow()
         if queues is None:  # COPY: counted from its rows, inside its transaction
@@ -276,4 +277,4 @@ def guarded_flow(rules: _HasLimits, flow: Flow[R], queues: Sequence[str]) -> Flo
     """``guarded`` for an insert that is one step of a larger flow (a workflow's jobs, a
     bridge insert in the caller's transaction)."""
     limits = rules.depth_limits
-    return flow if limits is None else limits._guarded(flow, queues)
+    return flow if limits is None else limits.guard_flow(flow, queues)

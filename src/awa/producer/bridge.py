@@ -99,7 +99,7 @@ async def insert_job(
     one, a job without ``queue=`` goes to ``"default"``). Raises ``ValidationError`` before
     any SQL runs and ``UniqueConflict`` (naming the holder's id) when a unique key is taken.
     """
-    run = _async_runner(conn)
+    run = statement_runner_async(conn, "insert_job")
     kind, opts = split_kwargs("insert_job", kwargs)
     prepared = _prepare(args, kind, opts, client)
     return (await _drive_async(run, _insert_with_dependencies(prepared, _rules(client))))[0]
@@ -113,7 +113,7 @@ def insert_job_sync(
     **kwargs: Unpack[InsertKwargs],
 ) -> JobRow:
     """Blocking twin of :func:`insert_job` for psycopg, SQLAlchemy and Django connections."""
-    run = _sync_runner(conn)
+    run = statement_runner_sync(conn, "insert_job_sync")
     kind, opts = split_kwargs("insert_job_sync", kwargs)
     prepared = _prepare(args, kind, opts, client)
     return _drive_sync(run, _insert_with_dependencies(prepared, _rules(client)))[0]
@@ -153,22 +153,25 @@ def _insert_with_dependencies(job: PreparedJob, rules: InsertRules) -> Flow[list
 # --- Driving a flow through any driver ----------------------------------------------------
 
 
-def _drive_sync(run: Callable[[Statement[Any]], Rows], flow: Flow[R]) -> R:
+Step = Statement[Any] | CopyStatement | Notifications
+
+
+def _drive_sync(run: Callable[[Step], Any], flow: Flow[R]) -> R:
+    """Drive ``flow`` with a runner of ``statement_runner_sync``."""
     result: Any = None
     try:
         while True:
-            step = _no_copy(flow.send(result))
-            result = step.decode(_shaped(step, run(step)))
+            result = run(flow.send(result))
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
 
 
-async def _drive_async(run: Callable[[Statement[Any]], Awaitable[Rows]], flow: Flow[R]) -> R:
+async def _drive_async(run: Callable[[Step], Awaitable[Any]], flow: Flow[R]) -> R:
+    """Drive ``flow`` with a runner of ``statement_runner_async``."""
     result: Any = None
     try:
         while True:
-            step = _no_copy(flow.send(result))
-            result = step.decode(_shaped(step, await run(step)))
+            result = await run(flow.send(result))
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
 
@@ -317,9 +320,7 @@ def _check_postgres(conn: object, name: str) -> None:
         raise TypeError(f"awa.bridge needs a PostgreSQL connection, not {name} ({conn!r})")
 
 
-def _async_runner(
-    conn: object, function: str = "insert_job"
-) -> Callable[[Statement[Any]], Awaitable[Rows]]:
+def _async_runner(conn: object, function: str) -> Callable[[Statement[Any]], Awaitable[Rows]]:
     if isinstance(conn, psycopg.AsyncConnection):
         return functools.partial(_run_psycopg_async, conn)
     if _is(conn, *_ASYNCPG):
@@ -329,9 +330,7 @@ def _async_runner(
     raise _unsupported(conn, function)
 
 
-def _sync_runner(
-    conn: object, function: str = "insert_job_sync"
-) -> Callable[[Statement[Any]], Rows]:
+def _sync_runner(conn: object, function: str) -> Callable[[Statement[Any]], Rows]:
     if isinstance(conn, psycopg.Connection):
         return functools.partial(_run_psycopg, conn)
     if _is(conn, *_SA_SYNC, *_SA_SESSION):
@@ -356,30 +355,26 @@ def outside_transaction(conn: object) -> bool:
     return False
 
 
-def statement_runner_async(
-    conn: object, function: str
-) -> Callable[[Statement[R] | CopyStatement | Notifications], Awaitable[R]]:
+def statement_runner_async(conn: object, function: str) -> Callable[[Step], Awaitable[Any]]:
     """Run one statement, decoded, on any async connection this module supports (for work
     driven step by step elsewhere, such as a completion in the caller's transaction).
     ``function``: the public function it serves, named when ``conn`` is not supported."""
     run = _async_runner(conn, function)
 
-    async def runner(step: Statement[R] | CopyStatement | Notifications) -> R:
+    async def runner(step: Step) -> Any:
         statement = _no_copy(step)
-        return statement.decode(_shaped(statement, await run(statement)))  # type: ignore[no-any-return]
+        return statement.decode(_shaped(statement, await run(statement)))
 
     return runner
 
 
-def statement_runner_sync(
-    conn: object, function: str
-) -> Callable[[Statement[R] | CopyStatement | Notifications], R]:
+def statement_runner_sync(conn: object, function: str) -> Callable[[Step], Any]:
     """Blocking twin of :func:`statement_runner_async` (psycopg, SQLAlchemy, Django)."""
     run = _sync_runner(conn, function)
 
-    def runner(step: Statement[R] | CopyStatement | Notifications) -> R:
+    def runner(step: Step) -> Any:
         statement = _no_copy(step)
-        return statement.decode(_shaped(statement, run(statement)))  # type: ignore[no-any-return]
+        return statement.decode(_shaped(statement, run(statement)))
 
     return runner
 

@@ -9,7 +9,7 @@ so an enqueue commits on its own.
 from __future__ import annotations
 
 import threading
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from awa import admin
 from awa.client.blocking import Client
@@ -43,8 +43,8 @@ class DjangoStore:
         assert isinstance(statement, Statement)  # one statement, not a flow
         # The bridge's runner gives rows as psycopg would (JSON decoded, timestamps aware)
         # whichever driver Django uses; it is the same runner insert_job_sync uses.
-        rows = bridge._sync_runner(self._connection())(statement)
-        return statement.decode(rows)
+        run = bridge.statement_runner_sync(self._connection(), "get_job")
+        return cast(JobRow | None, run(statement))
 
 
 class ClientStore:
