@@ -150,12 +150,8 @@ class AsyncClient(
                 return await self._lanes.insert(job)
             if limits.due():
                 await self._drive(limits.refresh_flow())
-            limits.admit(queues)
-            try:
+            with limits.admitted(queues):
                 return await self._lanes.insert(job)
-            except BaseException:
-                limits.withdraw(queues)
-                raise
 
     def transaction(self) -> Transaction:
         """A transaction: ``async with client.transaction() as tx`` or

@@ -10,12 +10,13 @@ set anywhere, an insert costs a clock read and an empty-dict test.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Literal, Protocol, TypeVar, cast
 
 from awa.errors import QueueOverLimit, ValidationError
@@ -250,9 +251,16 @@ class DepthLimits:
             result = yield from flow
             self.admit([row.queue for row in cast(list[Any], result)])
             return result
+        with self.admitted(queues):
+            return (yield from flow)
+
+    @contextlib.contextmanager
+    def admitted(self, queues: Sequence[str]) -> Iterator[None]:
+        """``admit`` the jobs of an insert that runs in the block; ``withdraw`` them if it
+        fails."""
         self.admit(queues)
         try:
-            return (yield from flow)
+            yield
         except BaseException:
             self.withdraw(queues)
             raise
