@@ -214,11 +214,7 @@ def _override_number(form: FormData, field: str, parse: Callable[[str], Any]) ->
     text = form.get(field)
     if not isinstance(text, str) or not text.strip():
         return None
-    if text.strip().lower() == "none" and field in (
-        "rate",
-        "global_max_running",
-        "key_concurrency",
-    ):
+    if text.strip().lower() == "none" and field in _REMOVABLE_FIELDS:
         return _REMOVE
     try:
         return parse(text.strip())
