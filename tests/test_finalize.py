@@ -43,6 +43,15 @@ def ledger(conn: Conn) -> Conn:
     return conn
 
 
+WRITE = "INSERT INTO ledger VALUES (%s, %s)"
+"""The business write: the job's id and a number telling which write it was."""
+
+
+async def record(tx: Any, job: awa.Job[Any], n: Any) -> None:
+    """The business write in ``job.finalize()``'s transaction."""
+    await tx.execute(WRITE, job.id, n)
+
+
 def ledger_rows(conn: Conn) -> list[tuple[Any, ...]]:
     return conn.execute("SELECT job_id, n FROM ledger ORDER BY job_id").fetchall()
 
@@ -58,7 +67,7 @@ async def test_business_write_and_completion_commit_together(
     async def charge(job: awa.Job[Charge]) -> None:
         job.record_output({"charged": job.args.n})
         async with job.finalize() as tx:
-            await tx.execute("INSERT INTO ledger VALUES (%s, %s)", job.id, job.args.n)
+            await record(tx, job, job.args.n)
             # No Completed hook before the commit.
             seen_inside.append(sum(isinstance(e, awa.Completed) for e in recorder.events))
 
@@ -82,7 +91,7 @@ async def test_a_block_that_raises_rolls_back_the_writes_and_the_attempt_retries
     @client.task(Charge)
     async def charge(job: awa.Job[Charge]) -> None:
         async with job.finalize() as tx:
-            await tx.execute("INSERT INTO ledger VALUES (%s, %s)", job.id, job.attempt)
+            await record(tx, job, job.attempt)
             if job.attempt == 1:
                 raise RuntimeError("the provider said no")
 
@@ -108,7 +117,7 @@ async def test_an_attempt_cancelled_before_the_commit_cannot_commit_its_writes(
     async def charge(job: awa.Job[Charge]) -> None:
         try:
             async with job.finalize() as tx:
-                await tx.execute("INSERT INTO ledger VALUES (%s, %s)", job.id, 1)
+                await record(tx, job, 1)
                 writing.set()
                 await cancelled.wait()
         except awa.AttemptLost as error:
@@ -141,7 +150,7 @@ async def test_a_rescue_that_arrives_after_the_completion_waits_and_finds_it_don
     async def charge(job: awa.Job[Charge]) -> None:
         connecting = psycopg.AsyncConnection.connect(database_url)
         async with await connecting as own, own.transaction():
-            await own.execute("INSERT INTO ledger VALUES (%s, %s)", (job.id, 1))
+            await own.execute(WRITE, (job.id, 1))
             await job.complete_in(own)
             written.set()
             await asyncio.to_thread(release.wait, 10)
@@ -169,7 +178,7 @@ async def test_follow_ups_registered_and_staged_commit_in_the_same_transaction(
     async def charge(job: awa.Job[Charge]) -> None:
         job.enqueue_on_completion(Receipt(-job.args.n), queue="receipts")
         async with job.finalize() as tx:
-            await tx.execute("INSERT INTO ledger VALUES (%s, %s)", job.id, job.attempt)
+            await record(tx, job, job.attempt)
             follow_ups = await tx.fetch_all("SELECT args FROM awa.jobs WHERE kind = 'receipt'")
             assert follow_ups == []  # they are written as the block ends
             if job.attempt == 1:
@@ -192,7 +201,7 @@ async def test_a_workflow_step_released_by_a_completion_in_the_handlers_transact
     @client.task(Charge)
     async def charge(job: awa.Job[Charge]) -> None:
         async with job.finalize() as tx:
-            await tx.execute("INSERT INTO ledger VALUES (%s, %s)", job.id, job.args.n)
+            await record(tx, job, job.args.n)
 
     @client.task(Receipt)
     async def receipt(job: awa.Job[Receipt]) -> None:
@@ -217,7 +226,7 @@ async def test_a_caller_transaction_rolled_back_retries_the_attempt(
     @client.task(Charge)
     async def charge(job: awa.Job[Charge]) -> None:
         async with await psycopg.AsyncConnection.connect(database_url) as own:
-            await own.execute("INSERT INTO ledger VALUES (%s, %s)", (job.id, job.attempt))
+            await own.execute(WRITE, (job.id, job.attempt))
             await job.complete_in(own)
             if job.attempt == 1:
                 await own.rollback()
@@ -251,7 +260,7 @@ async def test_a_handler_that_fails_after_its_completion_committed_stays_complet
     @client.task(Charge)
     async def charge(job: awa.Job[Charge]) -> None:
         async with job.finalize() as tx:
-            await tx.execute("INSERT INTO ledger VALUES (%s, %s)", job.id, 1)
+            await record(tx, job, 1)
         raise ConnectionError("the acknowledgement was lost")
 
     row = await client.insert(Charge(1), max_attempts=3)
@@ -273,7 +282,7 @@ async def test_a_caught_attempt_lost_still_cannot_commit_the_writes(
     @client.task(Charge)
     async def charge(job: awa.Job[Charge]) -> None:
         async with await psycopg.AsyncConnection.connect(database_url) as own:
-            await own.execute("INSERT INTO ledger VALUES (%s, %s)", (job.id, 1))
+            await own.execute(WRITE, (job.id, 1))
             with ledger_connection(database_url) as other:  # the attempt is taken away
                 other.execute("SELECT awa.admin_cancel_for_test(%s)", (job.id,))
             try:
@@ -309,10 +318,10 @@ async def test_finalize_twice_in_one_attempt_is_refused(
     @client.task(Charge)
     async def charge(job: awa.Job[Charge]) -> None:
         async with job.finalize() as tx:
-            await tx.execute("INSERT INTO ledger VALUES (%s, %s)", job.id, 1)
+            await record(tx, job, 1)
         try:
             async with job.finalize() as tx:
-                await tx.execute("INSERT INTO ledger VALUES (%s, %s)", job.id, 2)
+                await record(tx, job, 2)
         except awa.AttemptLost as error:
             raised.append(error)
 
@@ -333,7 +342,7 @@ async def test_a_def_handler_completes_in_its_own_blocking_connection(
     @client.task(Charge)
     def charge(job: awa.Job[Charge]) -> None:
         with psycopg.connect(database_url) as own, own.transaction():
-            own.execute("INSERT INTO ledger VALUES (%s, %s)", (job.id, job.args.n))
+            own.execute(WRITE, (job.id, job.args.n))
             job.complete_in_sync(own)
 
     row = await client.insert(Charge(3))
@@ -400,7 +409,7 @@ async def test_a_django_atomic_block_completes_the_attempt(
         try:
             with transaction.atomic():
                 with connection.cursor() as cursor:
-                    cursor.execute("INSERT INTO ledger VALUES (%s, %s)", (job.id, job.attempt))
+                    cursor.execute(WRITE, (job.id, job.attempt))
                 job.complete_in_sync(connection)
                 if job.attempt == 1:
                     raise RuntimeError("rolled back by the atomic block")
@@ -469,7 +478,7 @@ async def test_the_test_client_runs_a_handler_that_completes_in_its_transaction(
     @client.task(Charge)
     async def charge(job: awa.Job[Charge]) -> None:
         async with job.finalize() as tx:
-            await tx.execute("INSERT INTO ledger VALUES (%s, %s)", job.id, 9)
+            await record(tx, job, 9)
 
     tester = AwaTestClient(client)
     row = await client.insert(Charge(9))
@@ -492,7 +501,7 @@ async def test_the_finalize_block_owns_its_commit_and_rollback(
         if job.args.n == 1:
             try:
                 async with job.finalize() as tx:
-                    await tx.execute("INSERT INTO ledger VALUES (%s, %s)", job.id, 1)
+                    await record(tx, job, 1)
                     for end in (tx.commit, tx.rollback):
                         try:
                             await end()
@@ -502,7 +511,7 @@ async def test_the_finalize_block_owns_its_commit_and_rollback(
             except RuntimeError:
                 return None  # completes on the batched path, without the rolled-back write
         async with job.finalize() as tx:
-            await tx.execute("INSERT INTO ledger VALUES (%s, %s)", job.id, 2)
+            await record(tx, job, 2)
             count = await tx.fetch_one("SELECT count(*) AS n FROM ledger WHERE n = 2")
             assert count == {"n": 1}
             await tx.insert_many([Receipt(1), Receipt(2)], queue="receipts")
