@@ -451,37 +451,21 @@ async def test_the_ui_lists_sets_and_removes_depth_limits(client: awa.AsyncClien
     await client.insert_many([Order(n) for n in range(3)], queue="bp-ui")
     async with browse(create_app(client)) as http:
         token = await csrf(http, "/overrides")
-        done = await post(
-            http, "/depth-limits/set", token, action="set", queue=hostile, max_depth="5"
-        )
-        assert done.status_code == 303
-        page = await http.get(done.headers["location"])
+
+        async def limit(**fields: str) -> Any:
+            """Post the depth-limit form; the page it leads back to."""
+            done = await post(http, "/depth-limits/set", token, action="set", **fields)
+            assert done.status_code == 303
+            return await http.get(done.headers["location"])
+
+        page = await limit(queue=hostile, max_depth="5")
         assert "depth limit set" in (flash(page) or "")
         assert "<img src=x" not in page.text
-        done = await post(
-            http,
-            "/depth-limits/set",
-            token,
-            action="set",
-            queue="bp-ui",
-            max_depth="2",
-            policy="reject",
-        )
-        page = await http.get(done.headers["location"])
+        page = await limit(queue="bp-ui", max_depth="2", policy="reject")
         assert "reject" in text(page)
-        bad = await post(http, "/depth-limits/set", token, action="set", queue="q", max_depth="x")
-        page = await http.get(bad.headers["location"])
+        page = await limit(queue="q", max_depth="x")
         assert flash(page) == "Not done: max_depth must be an integer, got 'x'"
-        bad = await post(
-            http,
-            "/depth-limits/set",
-            token,
-            action="set",
-            queue="q",
-            max_depth="1",
-            policy="drop",
-        )
-        page = await http.get(bad.headers["location"])
+        page = await limit(queue="q", max_depth="1", policy="drop")
         assert flash(page) == "Not done: policy must be 'signal' or 'reject', got 'drop'"
         refused = await http.post("/depth-limits/set", data={"action": "set", "queue": "q"})
         assert refused.status_code == 403
