@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import logging
 import threading
+import time
 from typing import Any
 
 import psycopg
@@ -165,6 +166,52 @@ async def test_a_rescue_that_arrives_after_the_completion_waits_and_finds_it_don
         assert await cancel is None  # the completion won
     assert (await wait_for_state(ledger, row.id, "completed"))["attempt"] == 1
     assert ledger_rows(ledger) == [(row.id, 1)]
+
+
+async def test_an_attempt_rescued_and_re_claimed_cannot_commit_its_writes(
+    client: awa.AsyncClient, ledger: Conn, database_url: str
+) -> None:
+    """The first attempt outlives its deadline (a def handler cannot be interrupted): the
+    leader rescues the job and a second attempt runs and completes it. When the first one
+    then tries to complete in its transaction, the guard refuses and its write rolls back:
+    only the second attempt's write is left."""
+    lost: list[awa.AttemptLost] = []
+
+    def rescued(job_id: int) -> bool:
+        with psycopg.connect(database_url) as look:
+            row = look.execute("SELECT attempt FROM awa.jobs WHERE id = %s", (job_id,))
+            found = row.fetchone()
+        return found is not None and found[0] >= 2
+
+    @client.task(Charge)
+    def charge(job: awa.Job[Charge]) -> None:
+        with psycopg.connect(database_url) as own, own.transaction():
+            own.execute(WRITE, (job.id, job.attempt))
+            if job.attempt == 1:
+                deadline = time.monotonic() + 10
+                while not rescued(job.id):  # until the second attempt was claimed
+                    assert time.monotonic() < deadline, "the attempt was never rescued"
+                    time.sleep(0.02)
+                try:
+                    job.complete_in_sync(own)
+                except awa.AttemptLost as error:
+                    lost.append(error)
+                    raise
+            else:
+                job.complete_in_sync(own)
+
+    row = await client.insert(Charge(1), max_attempts=3)
+    await start(
+        client,
+        queue(max_workers=2, deadline_duration=0.3, retry=QUICK_RETRY),
+        deadline_rescue_interval=0.1,
+    )
+    done = await wait_for_state(ledger, row.id, "completed")
+    await wait_for(lambda: lost)
+    assert done["attempt"] == 2
+    assert "deadline" in done["errors"][0]["error"]
+    assert (lost[0].job_id, lost[0].run_lease) == (row.id, 1)
+    assert ledger_rows(ledger) == [(row.id, 2)]
 
 
 async def test_follow_ups_registered_and_staged_commit_in_the_same_transaction(
