@@ -212,7 +212,8 @@ def _steps(job: FinalizingJob, registry: FollowUpRegistry) -> Generator[_Step, A
     staged = None
     if buffer is not None and buffer.staged:
         staged = yield from follow_up_flow(buffer.prepared(row.id, row.kind))
-    return Finalization(row, registered, staged)
+    job._finalization = record = Finalization(row, registered, staged)
+    return record
 
 
 def _row(rows: list[dict[str, Any]]) -> JobRow | None:
@@ -241,7 +242,6 @@ async def complete_async(
             else:
                 step = flow.send(result)
     except StopIteration as stop:
-        job._finalization = stop.value
         return cast(Finalization, stop.value)
 
 
@@ -267,7 +267,6 @@ def complete_sync(
             else:
                 step = flow.send(result)
     except StopIteration as stop:
-        job._finalization = stop.value
         return cast(Finalization, stop.value)
 
 
